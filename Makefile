@@ -1,0 +1,42 @@
+# omnibert: `make demo` and `make test` are the two commands a newcomer needs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU machine must not pull the multi-GB CUDA build: install this torch first.
+# An environment that already has torch (Gaudi/IPU containers, with
+# VENV_ARGS=--system-site-packages) keeps the one it has.
+TORCH_SPEC ?= torch==2.13.0
+VENV_ARGS ?=
+PYTEST_ARGS ?= -n 2
+
+.PHONY: install demo test lint typecheck format bench-prepare clean
+
+install: $(VENV)/.omnibert-installed
+
+$(VENV)/.omnibert-installed: pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -e ".[dev,wiki]"
+	@touch $@
+
+demo: install
+	$(PY) scripts/demo.py
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench-prepare: install
+	$(PY) scripts/bench_prepare.py
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache

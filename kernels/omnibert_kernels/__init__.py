@@ -1,0 +1,1 @@
+"""Triton (GPU) kernels for omnibert, each with a torch reference and a parity test."""

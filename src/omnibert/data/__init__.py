@@ -1,0 +1,1 @@
+"""Pretraining data: tokenisation, instance creation, shard formats, readers."""
