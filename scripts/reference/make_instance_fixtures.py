@@ -24,13 +24,56 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "referen
 
 #: (name, input file, settings) - each runs the reference once.
 CASES = [
-    ("wiki-128", "wiki_like.txt", dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2)),
-    ("wiki-128-wwm", "wiki_like.txt", dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2, do_whole_word_mask=True)),
-    ("wiki-512", "wiki_like.txt", dict(max_seq_length=512, max_predictions_per_seq=76, dupe_factor=1)),
-    ("wiki-32-short", "wiki_like.txt", dict(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=3, short_seq_prob=0.5, random_seed=7)),
-    ("wiki-24-cased-wwm", "wiki_like.txt", dict(max_seq_length=24, max_predictions_per_seq=4, dupe_factor=1, do_lower_case=False, do_whole_word_mask=True, masked_lm_prob=0.2)),
-    ("single-doc-64", "single_doc.txt", dict(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3)),
-    ("tiny-docs-48", "tiny_docs.txt", dict(max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2, short_seq_prob=0.3)),
+    (
+        "wiki-128",
+        "wiki_like.txt",
+        dict(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2),
+    ),
+    (
+        "wiki-128-wwm",
+        "wiki_like.txt",
+        dict(
+            max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2, do_whole_word_mask=True
+        ),
+    ),
+    (
+        "wiki-512",
+        "wiki_like.txt",
+        dict(max_seq_length=512, max_predictions_per_seq=76, dupe_factor=1),
+    ),
+    (
+        "wiki-32-short",
+        "wiki_like.txt",
+        dict(
+            max_seq_length=32,
+            max_predictions_per_seq=5,
+            dupe_factor=3,
+            short_seq_prob=0.5,
+            random_seed=7,
+        ),
+    ),
+    (
+        "wiki-24-cased-wwm",
+        "wiki_like.txt",
+        dict(
+            max_seq_length=24,
+            max_predictions_per_seq=4,
+            dupe_factor=1,
+            do_lower_case=False,
+            do_whole_word_mask=True,
+            masked_lm_prob=0.2,
+        ),
+    ),
+    (
+        "single-doc-64",
+        "single_doc.txt",
+        dict(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3),
+    ),
+    (
+        "tiny-docs-48",
+        "tiny_docs.txt",
+        dict(max_seq_length=48, max_predictions_per_seq=8, dupe_factor=2, short_seq_prob=0.3),
+    ),
 ]
 
 
@@ -102,7 +145,9 @@ def main() -> None:
         with gzip.open(FIXTURES / f"{name}.jsonl.gz", "wt", encoding="utf-8", compresslevel=9) as f:
             for row in rows:
                 f.write(json.dumps(row, separators=(",", ":")) + "\n")
-        manifest.append({"name": name, "input": input_name, "settings": settings, "rows": len(rows)})
+        manifest.append(
+            {"name": name, "input": input_name, "settings": settings, "rows": len(rows)}
+        )
         print(f"{name}: {len(rows)} instances")
     (FIXTURES / "cases.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 

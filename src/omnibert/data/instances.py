@@ -227,7 +227,9 @@ def create_instances(
     return _reorder(InstanceArrays(ids, offsets, len_a, nsp, positions, labels, mlm_offsets), order)
 
 
-def _gather(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gather(
+    values: np.ndarray, offsets: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.diff(offsets)[order]
     new_offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_offsets[1:])

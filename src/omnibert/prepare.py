@@ -1,0 +1,91 @@
+"""``omnibert-prepare``: text (or WikiExtractor output) → reference-exact pretraining shards.
+
+Wiring only: compose the config, check it, run :func:`omnibert.data.pipeline.prepare`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from omnibert.config import CONF_DIR
+from omnibert.data.instances import InstanceSettings
+from omnibert.data.pipeline import PrepareError, expand_input_files, prepare
+from omnibert.data.vocab import VocabError
+
+log = logging.getLogger("omnibert.prepare")
+
+
+def run(cfg: DictConfig) -> None:
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise PrepareError(
+            f"{', '.join(missing)} must be set, e.g. omnibert-prepare input_files=[a.txt] "
+            "vocab_file=vocab.txt output_dir=out"
+        )
+    settings = InstanceSettings(
+        max_seq_length=cfg.max_seq_length,
+        max_predictions_per_seq=cfg.max_predictions_per_seq,
+        masked_lm_prob=cfg.masked_lm_prob,
+        short_seq_prob=cfg.short_seq_prob,
+        dupe_factor=cfg.dupe_factor,
+        random_seed=cfg.random_seed,
+        do_whole_word_mask=cfg.do_whole_word_mask,
+    )
+    input_files = (
+        OmegaConf.to_object(cfg.input_files)
+        if OmegaConf.is_list(cfg.input_files)
+        else cfg.input_files
+    )
+    vocab_file = Path(cfg.vocab_file)
+    if not vocab_file.exists() and cfg.train_vocab.enabled:
+        from omnibert.data.vocab_training import train_wordpiece_vocab
+
+        paths = expand_input_files(input_files)  # type: ignore[arg-type]
+        log.info(
+            "training a %d-token WordPiece vocab on %d files",
+            cfg.train_vocab.vocab_size,
+            len(paths),
+        )
+        train_wordpiece_vocab(
+            paths,
+            vocab_file,
+            vocab_size=cfg.train_vocab.vocab_size,
+            do_lower_case=cfg.do_lower_case,
+            min_frequency=cfg.train_vocab.min_frequency,
+        )
+    summary = prepare(
+        input_files,  # type: ignore[arg-type]
+        vocab_file,
+        cfg.output_dir,
+        settings,
+        do_lower_case=cfg.do_lower_case,
+        input_format=cfg.input_format,
+        num_workers=cfg.num_workers,
+        eval_samples=cfg.eval_samples,
+        overwrite=cfg.overwrite,
+        max_shard_size=cfg.max_shard_size,
+        progress=cfg.progress,
+    )
+    print(summary.render())
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="prepare")
+def _hydra_main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (PrepareError, VocabError) as err:
+        print(f"omnibert-prepare: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""omnibert-prepare end to end: shards, metadata, parallel workers, resume, refusals."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+
+from omnibert.data import shards
+from omnibert.data.instances import InstanceSettings
+from omnibert.data.pipeline import PrepareError, prepare
+
+REFERENCE = Path(__file__).parent / "fixtures" / "reference"
+SETTINGS_128 = InstanceSettings(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2)
+
+
+def reference_rows(name: str) -> list[dict]:
+    with gzip.open(REFERENCE / f"{name}.jsonl.gz", "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> list[Path]:
+    """Two input files: the wiki-like fixture and the one-document fixture."""
+    paths = []
+    for name in ("wiki_like.txt", "single_doc.txt"):
+        paths.append(tmp_path / name)
+        shutil.copyfile(REFERENCE / name, paths[-1])
+    return paths
+
+
+def test_two_workers_write_reference_rows_in_input_order(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    settings = InstanceSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3)
+    summary = prepare(
+        [str(p) for p in reversed(inputs)],
+        bert_vocab_file,
+        out,
+        settings,
+        num_workers=2,
+        progress=False,
+    )
+    single = reference_rows("single-doc-64")
+    dataset = datasets.load_from_disk(str(out))
+    assert list(dataset.column_names) == list(shards.COLUMNS)
+    # the first input file's rows come first, each file's rows in the reference's order
+    assert dataset[: len(single)] == {k: [r[k] for r in single] for k in shards.COLUMNS}
+    assert summary.files == 2 and summary.instances == len(dataset)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["counts"]["instances"] == len(dataset)
+    assert meta["settings"]["max_seq_length"] == 64
+    assert meta["vocab"]["size"] == 30522 and len(meta["vocab"]["sha256"]) == 64
+    assert [Path(i["input_file"]).name for i in meta["inputs"]] == [
+        "single_doc.txt",
+        "wiki_like.txt",
+    ]
+    assert all(len(i["sha256"]) == 64 for i in meta["inputs"])
+    hist = meta["sequence_length_histogram"]
+    assert len(hist) == 65 and sum(hist) == len(dataset)
+    lengths = [len(x) for x in dataset["input_ids"]]
+    assert hist == [lengths.count(n) for n in range(65)]
+    assert meta["counts"]["tokens"] == sum(lengths)
+    assert not (out / shards.PARTS_DIR).exists()
+    assert dataset.features["input_ids"].feature.dtype == "uint16"
+
+
+def test_rows_match_reference_through_the_shards(bert_vocab_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    prepare([str(REFERENCE / "wiki_like.txt")], bert_vocab_file, out, SETTINGS_128, progress=False)
+    expected = reference_rows("wiki-128")
+    dataset = datasets.load_from_disk(str(out))
+    assert dataset.to_list() == expected
+
+
+def test_eval_samples_keeps_the_first_rows(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "eval"
+    prepare([str(inputs[0])], bert_vocab_file, out, SETTINGS_128, eval_samples=50, progress=False)
+    dataset = datasets.load_from_disk(str(out))
+    assert dataset.to_list() == reference_rows("wiki-128")[:50]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["counts"]["instances"] == 50 and sum(meta["sequence_length_histogram"]) == 50
+    assert meta["counts"]["instances_created"] == 213
+
+
+def test_rerun_is_a_no_op_and_other_settings_are_refused(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    prepare([str(inputs[1])], bert_vocab_file, out, SETTINGS_128, progress=False)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = prepare([str(inputs[1])], bert_vocab_file, out, SETTINGS_128, progress=False)
+    assert again.already_complete
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    other = InstanceSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
+    with pytest.raises(PrepareError, match="already holds data prepared from other inputs"):
+        prepare([str(inputs[1])], bert_vocab_file, out, other, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing lost
+    prepare([str(inputs[1])], bert_vocab_file, out, other, overwrite=True, progress=False)
+    assert json.loads((out / "metadata.json").read_text())["settings"]["max_seq_length"] == 64
+
+
+def test_crash_resumes_finished_files_only(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    broken = tmp_path / "broken.txt"
+    broken.write_bytes(b"fine line\n\xff\xfe not utf-8\n")
+    with pytest.raises(PrepareError, match=r"broken.txt.*not valid UTF-8"):
+        prepare([str(inputs[0]), str(broken)], bert_vocab_file, out, SETTINGS_128, progress=False)
+    # the finished part survives, nothing looks complete
+    assert not (out / "metadata.json").exists()
+    assert (out / shards.PARTS_DIR / "part-00000" / shards.PART_FILE).is_file()
+    # a half-written part from a killed worker is never taken for a finished one
+    (out / shards.PARTS_DIR / "part-00001.tmp-999").mkdir()
+    broken.write_text(
+        "now it is fine.\nsecond sentence here.\n\nanother document.\n", encoding="utf-8"
+    )
+    summary = prepare(
+        [str(inputs[0]), str(broken)], bert_vocab_file, out, SETTINGS_128, progress=False
+    )
+    assert summary.resumed_files == 1
+    dataset = datasets.load_from_disk(str(out))
+    expected = reference_rows("wiki-128")
+    assert dataset.select(range(len(expected))).to_list() == expected
+
+
+def test_bad_inputs_stop_before_any_work(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError, match=r"missing.txt.*does not exist"):
+        prepare([str(inputs[0]), str(tmp_path / "missing.txt")], bert_vocab_file, out, SETTINGS_128)
+    with pytest.raises(PrepareError, match="matches no file"):
+        prepare(str(tmp_path / "nothing-*.txt"), bert_vocab_file, out, SETTINGS_128)
+    with pytest.raises(PrepareError, match="max_predictions_per_seq"):
+        prepare([str(inputs[0])], bert_vocab_file, out, InstanceSettings(max_predictions_per_seq=5))
+    bad_vocab = tmp_path / "vocab.txt"
+    bad_vocab.write_text("a\nb\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"vocab.txt.*lacks the special tokens"):
+        prepare([str(inputs[0])], bad_vocab, out, SETTINGS_128)
+    assert not out.exists()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.md").write_text("mine")
+    with pytest.raises(PrepareError, match="not written by omnibert-prepare"):
+        prepare([str(inputs[0])], bert_vocab_file, foreign, SETTINGS_128)
+    assert (foreign / "notes.md").read_text() == "mine"
+
+
+def test_cli_runs_and_reports_missing_keys(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path
+) -> None:
+    exe = Path(sys.executable).with_name("omnibert-prepare")
+    out = tmp_path / "cli-out"
+    done = subprocess.run(
+        [
+            str(exe),
+            f"input_files=[{inputs[1]}]",
+            f"vocab_file={bert_vocab_file}",
+            f"output_dir={out}",
+            "max_seq_length=64",
+            "max_predictions_per_seq=10",
+            "dupe_factor=3",
+            "progress=false",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "prepared" in done.stdout and "tokens/s" in done.stdout
+    assert datasets.load_from_disk(str(out)).to_list() == reference_rows("single-doc-64")
+    missing = subprocess.run(
+        [str(exe), f"vocab_file={bert_vocab_file}", f"hydra.run.dir={tmp_path / 'hydra2'}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert (
+        missing.stderr.strip()
+        .splitlines()[-1]
+        .startswith("omnibert-prepare: error: input_files, output_dir must be set")
+    )
