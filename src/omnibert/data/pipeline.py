@@ -104,7 +104,8 @@ class PrepareSummary:
                 f"{self.output_dir} already holds this data (metadata.json matches); nothing to do."
             )
         return (
-            f"prepared {self.output_dir}: {self.files} files ({self.resumed_files} resumed), "
+            f"prepared {self.output_dir}: {self.files} file{'s' if self.files != 1 else ''} "
+            f"({self.resumed_files} resumed), "
             f"{self.documents:,} documents, {self.instances:,} instances, {self.tokens:,} tokens "
             f"in {self.seconds:.1f} s ({self.tokens_per_second:,.0f} tokens/s)"
         )
