@@ -18,16 +18,16 @@ words of the cases, a few word pieces and a duplicate of ``the``, which moves it
 from __future__ import annotations
 
 import argparse
-import builtins
 import hashlib
 import importlib.resources
-import importlib.util
 import json
 import sys
 import types
 import unicodedata
 from pathlib import Path
 from typing import Any
+
+import reference_runner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,19 +121,14 @@ CASED_EXTRA_PIECES = ["Mc", "##Donald", "HEL", "##LO", "hE", "##lL", "Qu", "##Ic
 
 
 def load_reference(reference_dir: Path) -> types.ModuleType:
-    source = reference_dir / "tokenization.py"
-    if not source.is_file():
-        sys.exit(f"{source} does not exist; --reference-dir must be a google-research/bert checkout")
-    fake_tf = types.ModuleType("tensorflow")
-    fake_tf.gfile = types.SimpleNamespace(  # type: ignore[attr-defined]
-        GFile=lambda path, mode="r": builtins.open(path, mode, encoding="utf-8", newline="\n")
-    )
-    sys.modules.setdefault("tensorflow", fake_tf)
-    spec = importlib.util.spec_from_file_location("bert_reference_tokenization", source)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The reference's ``tokenization`` module (through the shared TensorFlow stand-in)."""
+    if not (reference_dir / "tokenization.py").is_file():
+        sys.exit(
+            f"{reference_dir / 'tokenization.py'} does not exist; --reference-dir must be a "
+            "google-research/bert checkout"
+        )
+    tokenization, _, _ = reference_runner.load_reference(reference_dir)
+    return tokenization
 
 
 def default_vocab() -> Path:

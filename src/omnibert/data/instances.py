@@ -115,15 +115,11 @@ class InstanceArrays:
 
     def segment_ids(self) -> np.ndarray:
         """Flat segment ids: 0 for ``[CLS] a [SEP]``, 1 for ``b [SEP]``."""
-        lengths = self.lengths
-        seg = np.ones(int(self.offsets[-1]), dtype=np.int8)
-        first_b = self.offsets[:-1] + self.len_a + 2
-        # cumulative trick: +1 at each row start, -1 where segment b starts
-        marks = np.zeros(seg.shape[0] + 1, dtype=np.int64)
-        np.add.at(marks, self.offsets[:-1][lengths > 0], 1)
-        np.add.at(marks, first_b, -1)
-        seg[:] = (1 - np.cumsum(marks)[:-1]).astype(np.int8)
-        return seg
+        runs = np.empty(2 * len(self), dtype=np.int64)
+        runs[0::2] = self.len_a + 2
+        runs[1::2] = self.lengths - runs[0::2]
+        values = np.tile(np.array([0, 1], dtype=np.int8), len(self))
+        return np.repeat(values, runs)
 
     def row(self, i: int) -> dict[str, object]:
         """Instance ``i`` as a dict of Python lists (for tests and debugging)."""
