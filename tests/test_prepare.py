@@ -193,3 +193,65 @@ def test_cli_runs_and_reports_missing_keys(
         .splitlines()[-1]
         .startswith("omnibert-prepare: error: input_files, output_dir must be set")
     )
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from omnibert.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="prepare", overrides=overrides)
+
+
+def test_app_trains_a_vocab_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from omnibert.data.vocab import Vocab
+    from omnibert.prepare import run
+
+    vocab = tmp_path / "vocab.txt"
+    cfg = _compose(
+        [
+            f"input_files=[{REFERENCE / 'wiki_like.txt'},{REFERENCE / 'tiny_docs.txt'}]",
+            f"vocab_file={vocab}",
+            f"output_dir={tmp_path / 'out'}",
+            "train_vocab.enabled=true",
+            "train_vocab.vocab_size=600",
+            "dupe_factor=1",
+            "progress=false",
+        ]
+    )
+    run(cfg)
+    trained = Vocab.from_file(vocab)
+    assert 300 < trained.size <= 600
+    dataset = datasets.load_from_disk(str(tmp_path / "out"))
+    assert len(dataset) > 50
+    assert max(max(ids) for ids in dataset["input_ids"]) < trained.size
+    assert "prepared" in capsys.readouterr().out
+
+
+def test_app_reads_wikiextractor_output(bert_vocab_file: Path, tmp_path: Path) -> None:
+    from omnibert.data.wikipedia import document_sentences, iter_documents
+    from omnibert.prepare import run
+
+    wiki = Path(__file__).parent / "fixtures" / "wiki" / "extracted" / "AA" / "wiki_00"
+    cfg = _compose(
+        [
+            f"input_files=[{wiki}]",
+            "input_format=wikiextractor",
+            f"vocab_file={bert_vocab_file}",
+            f"output_dir={tmp_path / 'wiki'}",
+            "max_seq_length=64",
+            "max_predictions_per_seq=10",
+            "dupe_factor=2",
+            "progress=false",
+        ]
+    )
+    run(cfg)
+    # the same instances as the text route on the documents' sentences
+    text = tmp_path / "wiki.txt"
+    docs = [document_sentences(d) for d in iter_documents(wiki)]
+    text.write_text("\n\n".join("\n".join(d) for d in docs if d) + "\n", encoding="utf-8")
+    settings = InstanceSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
+    prepare([str(text)], bert_vocab_file, tmp_path / "text", settings, progress=False)
+    from_wiki = datasets.load_from_disk(str(tmp_path / "wiki")).to_list()
+    assert from_wiki and from_wiki == datasets.load_from_disk(str(tmp_path / "text")).to_list()
