@@ -51,7 +51,7 @@ class Vocab:
         if not path.is_file():
             raise VocabError(
                 f"vocab file {str(path)!r} does not exist; set vocab_file to a BERT vocab.txt "
-                "(or train one with `omnibert-prepare train_vocab=true`)."
+                "(or let omnibert-prepare train one with train_vocab.enabled=true)."
             )
         raw = path.read_bytes()
         try:
