@@ -15,7 +15,7 @@ install: $(VENV)/.omnibert-installed
 $(VENV)/.omnibert-installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
-	$(PY) -m pip install -e ".[dev,wiki]"
+	$(PY) -m pip install -e ".[dev,wiki,bench]"
 	@touch $@
 
 demo: install

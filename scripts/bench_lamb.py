@@ -1,0 +1,145 @@
+"""LAMB step time on BERT-base's parameter set (110M) against torch-optimizer and the floor.
+
+Runs every implementation on the same parameters and gradients, in alternating rounds (the
+order rotates each round, so drift in machine load hits all of them alike), and prints the
+median ms/step, the speed-up over ``torch_optimizer.Lamb`` measured in the same run, and the
+memory-bandwidth floor: bytes LAMB must move per step (52 per fp32 parameter, the issue's
+accounting: grad-norm read 4; stage 1 reads g, p, m, v and writes m, v, u = 28; norms read
+p, u = 8; stage 2 reads u, p and writes p = 12) over the copy bandwidth measured here.
+
+    python scripts/bench_lamb.py                       # CPU, all threads
+    python scripts/bench_lamb.py --threads 1 --rounds 5
+    python scripts/bench_lamb.py --device cuda         # adds the Triton kernel
+
+Needs the ``bench`` extra (torch-optimizer) for the peer; without it the peer is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from omnibert.optim import Lamb
+
+BYTES_PER_PARAM = 52
+
+
+def bert_base_shapes(vocab: int = 30528, hidden: int = 768, ffn: int = 3072, layers: int = 12):
+    """Parameter shapes of BERT-base for pretraining (MLM head decoder tied to the embeddings)."""
+    h = hidden
+    shapes = [(vocab, h), (512, h), (2, h), (h,), (h,)]
+    for _ in range(layers):
+        shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,)]
+    shapes += [(h, h), (h,), (h, h), (h,), (h,), (h,), (vocab,), (2, h), (2,)]
+    return shapes
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: torch.device, numel: int = 64_000_000, repeats: int = 20) -> float:
+    """Best-of-N ``dst.copy_(src)`` bandwidth in bytes/s (counting the read and the write)."""
+    src = torch.ones(numel, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * 4 * numel / best
+
+
+def make_steppers(params, impls: list[str]) -> dict[str, Callable[[], None]]:
+    named = [(f"p{i}.{'bias' if p.dim() == 1 else 'weight'}", p) for i, p in enumerate(params)]
+    steppers: dict[str, Callable[[], None]] = {}
+    for impl in impls:
+        if impl == "torch-optimizer":
+            try:
+                import torch_optimizer
+            except ImportError:
+                print("torch-optimizer is not installed (pip install -e '.[bench]'): peer skipped")
+                continue
+            peer = torch_optimizer.Lamb(params, lr=1e-3, weight_decay=0.01)
+            steppers[impl] = peer.step
+        else:
+            opt = Lamb(named, lr=1e-3, no_weight_decay=["bias"], impl=impl)
+            steppers[impl] = opt.step
+    return steppers
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per round and implementation")
+    ap.add_argument("--impls", nargs="*", default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    impls = args.impls or (
+        ["triton", "foreach", "reference", "torch-optimizer"]
+        if device.type == "cuda"
+        else ["compiled", "foreach", "reference", "torch-optimizer"]
+    )
+    gen = torch.Generator().manual_seed(0)
+    params = []
+    for shape in bert_base_shapes():
+        p = torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.02).to(device))
+        p.grad = (torch.randn(shape, generator=gen) * 1e-3).to(device)
+        params.append(p)
+    numel = sum(p.numel() for p in params)
+    print(
+        f"device {device}, threads {torch.get_num_threads()}, {len(params)} tensors, {numel / 1e6:.1f}M parameters"
+    )
+    bandwidths = [copy_bandwidth(device)]
+
+    steppers = make_steppers(params, impls)
+    for name, step in steppers.items():  # first step: state allocation, compilation
+        sync(device)
+        t = time.perf_counter()
+        step()
+        sync(device)
+        print(f"  first step {name:16s} {time.perf_counter() - t:8.2f} s (allocation/compilation)")
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    order = list(steppers)
+    for r in range(args.rounds):
+        bandwidths.append(copy_bandwidth(device))  # measured between rounds, best one kept
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                steppers[name]()
+            sync(device)
+            times[name].append((time.perf_counter() - t) / args.steps * 1e3)
+    bandwidth = max(bandwidths)
+    floor_ms = BYTES_PER_PARAM * numel / bandwidth * 1e3
+    spread = ", ".join(f"{b / 1e9:.1f}" for b in bandwidths)
+    print(f"\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s (best of per-round measurements: {spread})")
+    print(
+        f"floor: {BYTES_PER_PARAM} B/param x {numel / 1e6:.1f}M / bandwidth = {floor_ms:.0f} ms/step"
+    )
+    peer = statistics.median(times["torch-optimizer"]) if "torch-optimizer" in times else None
+    print(
+        f"\n{'implementation':16s} {'ms/step':>9s} {'min':>8s} {'vs torch-optimizer':>19s} {'x floor':>8s}"
+    )
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        speedup = f"{peer / med:.2f}x faster" if peer else "n/a"
+        print(f"{name:16s} {med:9.0f} {min(ts):8.0f} {speedup:>19s} {med / floor_ms:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

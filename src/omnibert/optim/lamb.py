@@ -1,0 +1,294 @@
+"""``omnibert.optim.Lamb``: one LAMB with explicit semantics (docs/lamb.md has the table).
+
+Defaults are NVIDIA apex ``FusedLAMB``'s: global gradient norm over all groups, clipped to
+``max_grad_norm``; per-group step count; bias correction; decoupled weight decay; trust ratio
+``‖p‖/‖u‖`` where the group's weight decay is not 0 (or ``use_nvlamb``), 1 when either norm
+is 0. Extra keyword-only flags cover the other references (MLPerf TF name exclusions,
+poptorch's ``max_weight_norm``) and omnibert's own needs (fp32 master weights for bf16/fp16
+parameters, the implementation choice).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from omnibert.optim.lamb_math import (
+    LambBatch,
+    LambHyper,
+    foreach_update,
+    global_grad_norm,
+    inverse_clip_factor,
+    reference_update,
+)
+from omnibert.optim.param_groups import matches_any, normalize_params
+
+IMPLS = ("auto", "reference", "foreach", "compiled", "triton")
+UpdateFn = Callable[[LambBatch, Tensor], None]
+
+
+def _compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
+    from omnibert.optim.lamb_compiled import compiled_update
+
+    compiled_update(batch, inv_clip)
+
+
+def _triton_update(batch: LambBatch, inv_clip: Tensor) -> None:
+    from omnibert_kernels.lamb_triton import lamb_update
+
+    h = batch.hyper
+    lamb_update(
+        batch.params,
+        batch.grads,
+        batch.exp_avgs,
+        batch.exp_avg_sqs,
+        batch.decays,
+        batch.adapt,
+        inv_clip=inv_clip,
+        lr=h.lr,
+        beta1=h.beta1,
+        beta2=h.beta2,
+        beta3=h.beta3,
+        bias_corrections=h.bias_corrections,
+        eps=h.eps,
+        adam_w_mode=h.adam_w_mode,
+        max_weight_norm=h.max_weight_norm,
+    )
+
+
+UPDATES: dict[str, UpdateFn] = {
+    "reference": reference_update,
+    "foreach": foreach_update,
+    "compiled": _compiled_update,
+    "triton": _triton_update,
+}
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019) with apex ``FusedLAMB``'s keyword arguments and semantics.
+
+    Args (apex's, same defaults): ``lr``, ``bias_correction``, ``betas``, ``eps``,
+    ``weight_decay``, ``amsgrad`` (must be False), ``adam_w_mode`` (False: L2 added to the
+    gradient), ``grad_averaging`` (False: ``m = b1·m + g``), ``set_grad_none``,
+    ``max_grad_norm`` (clip the global gradient norm; ``None`` or ``<= 0``: no clipping,
+    unlike apex where 0 zeroes every update), ``use_nvlamb`` (trust ratio for all tensors).
+
+    Keyword-only extras:
+        no_weight_decay: regexes searched in parameter names (MLPerf TF
+            ``exclude_from_weight_decay``); needs named parameters or a module. Matching
+            tensors go to a group with weight decay 0, hence no trust ratio (apex rule).
+        exclude_from_layer_adaptation: regexes; when given, the trust ratio applies exactly to
+            the tensors whose name matches none of them (MLPerf TF), whatever their decay.
+        max_weight_norm: clamp ``‖p‖`` in the trust ratio to this (poptorch); ``None``: no clamp.
+        master_weights: keep an fp32 copy of bf16/fp16 parameters in the state and update
+            that (state ``master``); moments are always fp32.
+        impl: ``"auto"`` (Triton on CUDA when importable; the compiled CPU kernels when the
+            model has at least ``compile_min_numel`` elements; foreach otherwise),
+            ``"reference"``, ``"foreach"``, ``"compiled"`` or ``"triton"``.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: Sequence[float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        amsgrad: bool = False,
+        adam_w_mode: bool = True,
+        grad_averaging: bool = True,
+        set_grad_none: bool = True,
+        max_grad_norm: float | None = 1.0,
+        use_nvlamb: bool = False,
+        *,
+        no_weight_decay: Sequence[str] | None = None,
+        exclude_from_layer_adaptation: Sequence[str] | None = None,
+        max_weight_norm: float | None = None,
+        master_weights: bool = True,
+        impl: str = "auto",
+        compile_min_numel: int = 20_000_000,
+    ) -> None:
+        if amsgrad:
+            raise ValueError("Lamb does not implement AMSGrad (neither does apex FusedLAMB).")
+        if impl not in IMPLS:
+            raise ValueError(f"Lamb impl={impl!r} is not one of {IMPLS}.")
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError("Lamb needs lr >= 0, eps >= 0 and weight_decay >= 0.")
+        b1, b2 = (float(b) for b in betas)
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"Lamb betas must lie in [0, 1), got {tuple(betas)}.")
+        defaults = {
+            "lr": lr,
+            "bias_correction": bias_correction,
+            "betas": (b1, b2),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "grad_averaging": grad_averaging,
+            "max_weight_norm": max_weight_norm,
+        }
+        groups = normalize_params(params, weight_decay, no_weight_decay)
+        super().__init__(groups, defaults)
+        self.adam_w_mode = adam_w_mode
+        self.set_grad_none = set_grad_none
+        self.max_grad_norm = max_grad_norm
+        self.use_nvlamb = use_nvlamb
+        self.exclude_from_layer_adaptation = (
+            list(exclude_from_layer_adaptation) if exclude_from_layer_adaptation else None
+        )
+        self.master_weights = master_weights
+        self.impl = impl
+        self.compile_min_numel = compile_min_numel
+        self.last_grad_norm: Tensor | None = None  # global norm before clipping (for logging)
+        self._broken_impls: set[str] = set()
+        self._warmed: set[str] = {"reference", "foreach"}
+        if self.exclude_from_layer_adaptation:
+            for group in self.param_groups:
+                if "param_names" not in group:
+                    raise ValueError(
+                        "exclude_from_layer_adaptation needs parameter names: pass "
+                        "model.named_parameters() (or the module) to Lamb."
+                    )
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Like apex: ``set_grad_none`` decides unless ``set_to_none`` is given."""
+        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    # --- implementation choice ---------------------------------------------------------
+
+    def resolve_impl(self) -> str:
+        """The implementation the next step will use (``impl`` with ``"auto"`` resolved)."""
+        if self.impl != "auto":
+            return self.impl
+        params = [p for g in self.param_groups for p in g["params"]]
+        if not params:
+            return "foreach"
+        device = params[0].device
+        if device.type == "cuda" and "triton" not in self._broken_impls:
+            from omnibert_kernels.lamb_triton import triton_available
+
+            if triton_available(device):
+                return "triton"
+        if (
+            device.type == "cpu"
+            and "compiled" not in self._broken_impls
+            and sum(p.numel() for p in params) >= self.compile_min_numel
+            and all(p.is_contiguous() for p in params)
+        ):
+            return "compiled"
+        return "foreach"
+
+    def _warm_up(self, name: str, device: torch.device) -> bool:
+        """Run ``name`` once on tiny tensors so a compiler failure cannot hit mid-step."""
+        if name in self._warmed or self.impl != "auto":
+            return True
+        try:
+            for decay in (0.0, 0.01):
+                ts = [torch.ones(37, device=device) for _ in range(4)]
+                hyper = LambHyper(0.0, 0.9, 0.999, 1e-6, 1, True, True, self.adam_w_mode, None)
+                batch = LambBatch(ts[:1], ts[1:2], ts[2:3], ts[3:], [decay], [True], hyper)
+                UPDATES[name](batch, torch.ones((), device=device))
+        except Exception as err:  # a missing compiler, an unsupported GPU, ...
+            warnings.warn(
+                f"Lamb: the {name!r} implementation failed to build ({err!r}); "
+                "using the foreach implementation instead.",
+                stacklevel=3,
+            )
+            self._broken_impls.add(name)
+            return False
+        self._warmed.add(name)
+        return True
+
+    # --- the step ----------------------------------------------------------------------
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does, but keep the state fp32 (torch casts it to bf16/fp16 params)."""
+        saved = state_dict["state"]
+        super().load_state_dict(state_dict)
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(ids, params, strict=True):
+            for key, value in saved.get(pid, {}).items():
+                if isinstance(value, Tensor) and value.is_floating_point():
+                    self.state[p][key] = value.to(p.device, torch.float32, copy=True)
+
+    def _adapt_flags(self, names: list[str], decays: list[float]) -> list[bool]:
+        if self.exclude_from_layer_adaptation is not None:
+            return [not matches_any(n, self.exclude_from_layer_adaptation) for n in names]
+        return [self.use_nvlamb or d != 0 for d in decays]
+
+    def _group_batch(self, group: dict[str, Any]) -> tuple[LambBatch, list[tuple[Tensor, Tensor]]]:
+        """The tensors of ``group`` with a gradient, plus (param, master) pairs to copy back."""
+        names_all = group.get("param_names") or [""] * len(group["params"])
+        params, grads, ms, vs, names = [], [], [], [], []
+        copy_back: list[tuple[Tensor, Tensor]] = []
+        for p, name in zip(group["params"], names_all, strict=True):
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("Lamb does not support sparse gradients.")
+            state = self.state[p]
+            low_precision = p.dtype in (torch.float16, torch.bfloat16)
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                if low_precision and self.master_weights:
+                    state["master"] = p.detach().to(torch.float32, copy=True)
+            master = state.get("master")
+            if master is not None:
+                work = master
+                copy_back.append((p, master))
+            elif low_precision:  # master_weights=False: update in fp32, round back after
+                work = p.detach().float()
+                copy_back.append((p, work))
+            else:
+                work = p.detach()  # same storage: updated in place
+            params.append(work)
+            grads.append(p.grad if p.grad.dtype == torch.float32 else p.grad.float())
+            ms.append(state["exp_avg"])
+            vs.append(state["exp_avg_sq"])
+            names.append(name)
+        decays = [float(group["weight_decay"])] * len(params)
+        beta1, beta2 = group["betas"]
+        hyper = LambHyper(
+            lr=float(group["lr"]),
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            step=group["step"],
+            bias_correction=group["bias_correction"],
+            grad_averaging=group["grad_averaging"],
+            adam_w_mode=self.adam_w_mode,
+            max_weight_norm=group["max_weight_norm"],
+        )
+        adapt = self._adapt_flags(names, decays)
+        return LambBatch(params, grads, ms, vs, decays, adapt, hyper), copy_back
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One LAMB step over every group (gradients after accumulation)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        device = grads[0].device if grads else torch.device("cpu")
+        grad_norm = global_grad_norm(grads).to(device)
+        self.last_grad_norm = grad_norm
+        inv_clip = inverse_clip_factor(grad_norm, self.max_grad_norm)
+        name = self.resolve_impl()
+        if not self._warm_up(name, device):
+            name = self.resolve_impl()
+        update = UPDATES[name]
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1  # per group, even without grads (apex)
+            batch, copy_back = self._group_batch(group)
+            if len(batch):
+                update(batch, inv_clip)
+            for p, work in copy_back:
+                p.copy_(work)
+        return loss

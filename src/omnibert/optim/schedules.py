@@ -1,0 +1,179 @@
+"""Learning-rate schedules of the BERT references, as ``torch`` LR schedulers.
+
+``step`` below is the scheduler's ``last_epoch``: the number of optimiser steps taken so far,
+so the LR at ``step`` is the one the ``step+1``-th update uses (MLPerf's ``global_step``).
+Step the scheduler once per optimiser step (Lightning: ``"interval": "step"``).
+
+* :class:`PolyWarmupLR`: linear warmup, then polynomial decay (TF ``polynomial_decay`` /
+  MLPerf ``create_optimizer`` / NVIDIA ``PolyWarmUpScheduler``):
+
+  - warmup, while ``step - start_warmup_step < W``: ``lr = base·(step - start_warmup_step)/W``
+    (as MLPerf; a step before ``start_warmup_step`` gives a negative value there too, so keep
+    ``start_warmup_step <= 0``);
+  - afterwards ``lr = (base - end_lr)·(1 - min(step, T)/T)**power + end_lr`` with ``T`` the
+    total steps (or, with ``decay_from_warmup_end``, ``(step-W)/(T-W)`` as progress: the
+    Hugging Face form).
+
+  ``W`` is ``warmup_steps``, or ``warmup_proportion·T`` (a float, as NVIDIA: 0.2843·7038).
+* :class:`NaturalExpWarmupLR`: the same warmup, then ``base·exp(-decay_rate·step/decay_steps)``
+  (TF ``natural_exp_decay``; ``staircase`` floors the exponent's step ratio).
+* :class:`StepTableLR`: a step→LR table, piecewise constant (or linear with ``interpolate``).
+* Linear warmup + linear decay is :class:`PolyWarmupLR` with ``power=1``
+  (``conf/optimizer/schedule/linear_warmup.yaml``).
+
+Scheduler state is plain numbers, so it round-trips through ``weights_only`` checkpoints.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+
+def _warmup_steps(total_steps: int, warmup_steps: float | None, warmup_proportion: float) -> float:
+    if total_steps <= 0:
+        raise ValueError(f"schedule total_steps must be positive, got {total_steps}.")
+    if warmup_steps is not None:
+        if warmup_steps < 0:
+            raise ValueError(f"schedule warmup_steps must be >= 0, got {warmup_steps}.")
+        return float(warmup_steps)
+    if not 0.0 <= warmup_proportion <= 1.0:
+        raise ValueError(f"schedule warmup_proportion must be in [0, 1], got {warmup_proportion}.")
+    return warmup_proportion * total_steps
+
+
+class _WarmupSchedule(LRScheduler):
+    """Linear warmup over ``W`` steps from ``start_warmup_step``, then :meth:`decayed`."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_steps: float | None = None,
+        warmup_proportion: float = 0.0,
+        start_warmup_step: int = 0,
+        last_epoch: int = -1,
+    ) -> None:
+        self.total_steps = int(total_steps)
+        self.warmup = _warmup_steps(self.total_steps, warmup_steps, warmup_proportion)
+        self.start_warmup_step = int(start_warmup_step)
+        super().__init__(optimizer, last_epoch)
+
+    def decayed(self, step: int, base_lr: float) -> float:
+        raise NotImplementedError
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        """Closed-form LR at ``step`` for a group whose peak LR is ``base_lr``."""
+        since = step - self.start_warmup_step
+        if self.warmup > 0 and since < self.warmup:
+            return base_lr * since / self.warmup
+        return self.decayed(step, base_lr)
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        return [self.lr_at(self.last_epoch, float(base)) for base in self.base_lrs]
+
+
+class PolyWarmupLR(_WarmupSchedule):
+    """Linear warmup then polynomial decay to ``end_lr`` at ``total_steps`` (module doc)."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_steps: float | None = None,
+        warmup_proportion: float = 0.0,
+        power: float = 1.0,
+        end_lr: float = 0.0,
+        start_warmup_step: int = 0,
+        decay_from_warmup_end: bool = False,
+        last_epoch: int = -1,
+    ) -> None:
+        self.power = float(power)
+        self.end_lr = float(end_lr)
+        self.decay_from_warmup_end = bool(decay_from_warmup_end)
+        super().__init__(
+            optimizer, total_steps, warmup_steps, warmup_proportion, start_warmup_step, last_epoch
+        )
+
+    def decayed(self, step: int, base_lr: float) -> float:
+        if self.decay_from_warmup_end:
+            span = max(self.total_steps - self.warmup, 1e-12)
+            progress = min(max(step - self.warmup, 0.0), span) / span
+        else:
+            progress = min(step, self.total_steps) / self.total_steps
+        return (base_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr
+
+
+class NaturalExpWarmupLR(_WarmupSchedule):
+    """Linear warmup then ``base·exp(-decay_rate·step/decay_steps)`` (module doc)."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        decay_rate: float,
+        decay_steps: int,
+        warmup_steps: float | None = None,
+        warmup_proportion: float = 0.0,
+        staircase: bool = False,
+        start_warmup_step: int = 0,
+        last_epoch: int = -1,
+    ) -> None:
+        if decay_steps <= 0:
+            raise ValueError(f"natural_exp decay_steps must be positive, got {decay_steps}.")
+        self.decay_rate = float(decay_rate)
+        self.decay_steps = int(decay_steps)
+        self.staircase = bool(staircase)
+        super().__init__(
+            optimizer, total_steps, warmup_steps, warmup_proportion, start_warmup_step, last_epoch
+        )
+
+    def decayed(self, step: int, base_lr: float) -> float:
+        ratio = step / self.decay_steps
+        if self.staircase:
+            ratio = math.floor(ratio)
+        return base_lr * math.exp(-self.decay_rate * ratio)
+
+
+class StepTableLR(LRScheduler):
+    """LR from a ``{step: lr}`` table: the entry of the largest step ``<=`` the current one.
+
+    Before the first entry the first LR applies. With ``interpolate`` the LR moves linearly
+    between entries. Values are absolute LRs for the first parameter group; other groups keep
+    their ratio to it (``lr_g = table · base_g / base_0``).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        table: Mapping[Any, float],
+        interpolate: bool = False,
+        last_epoch: int = -1,
+    ) -> None:
+        if not table:
+            raise ValueError("StepTableLR needs a non-empty {step: lr} table.")
+        items = sorted((int(k), float(v)) for k, v in table.items())
+        self.steps = [k for k, _ in items]
+        self.values = [v for _, v in items]
+        self.interpolate = bool(interpolate)
+        super().__init__(optimizer, last_epoch)
+
+    def table_lr(self, step: int) -> float:
+        """The table's LR at ``step``."""
+        i = bisect.bisect_right(self.steps, step) - 1
+        if i < 0:
+            return self.values[0]
+        if not self.interpolate or i == len(self.steps) - 1:
+            return self.values[i]
+        s0, s1, v0, v1 = self.steps[i], self.steps[i + 1], self.values[i], self.values[i + 1]
+        return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        lr = self.table_lr(self.last_epoch)
+        first = float(self.base_lrs[0])
+        return [lr * float(base) / first if first else lr for base in self.base_lrs]

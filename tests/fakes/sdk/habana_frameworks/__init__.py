@@ -1,0 +1,1 @@
+"""FAKE habana_frameworks for CPU tests (not Intel's package)."""

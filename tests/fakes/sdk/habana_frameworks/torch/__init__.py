@@ -1,0 +1,1 @@
+"""FAKE habana_frameworks.torch for CPU tests."""
