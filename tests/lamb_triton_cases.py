@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from omnibert.optim.lamb import _triton_update
 from omnibert.optim.lamb_math import LambBatch, LambHyper
 
 
@@ -22,23 +23,5 @@ def _batch(dtype=torch.float32, seed=0, adam_w_mode=True, max_weight_norm=None, 
 
 
 def _run_triton(batch: LambBatch, inv_clip: torch.Tensor) -> None:
-    from omnibert_kernels.lamb_triton import lamb_update
-
-    h = batch.hyper
-    lamb_update(
-        batch.params,
-        batch.grads,
-        batch.exp_avgs,
-        batch.exp_avg_sqs,
-        batch.decays,
-        batch.adapt,
-        inv_clip=inv_clip,
-        lr=h.lr,
-        beta1=h.beta1,
-        beta2=h.beta2,
-        beta3=h.beta3,
-        bias_corrections=h.bias_corrections,
-        eps=h.eps,
-        adam_w_mode=h.adam_w_mode,
-        max_weight_norm=h.max_weight_norm,
-    )
+    """The optimiser's own Triton call (so the test exercises what ``Lamb`` runs)."""
+    _triton_update(batch, inv_clip)
