@@ -76,7 +76,7 @@ def main() -> None:
         f"  train shards: {OUT / 'train'}: {len(train):,} instances, {meta['counts']['tokens']:,} tokens"
     )
     print(
-        f"                {full:.0%} of instances fill all 128 positions (the rest is padding to pack)"
+        f"                {full:.0%} of instances fill all 128 positions (shorter ones carry padding; packing recovers it)"
     )
     print(f"  eval set:     {OUT / 'eval'}: {len(evaluation):,} instances")
     print(
