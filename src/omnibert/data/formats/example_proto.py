@@ -270,6 +270,17 @@ def _parse_list(buf: bytes, start: int, stop: int, kind: int) -> RawFeature:
     return kind, payload
 
 
+def _read_length(buf: bytes, p: int, b: int) -> tuple[int, int]:
+    """The length after the tag at ``p`` and where its payload starts (1- and 2-byte lengths
+    inline, longer ones through :func:`_read_varint`)."""
+    size = buf[p + 1] if p + 1 < b else 0x80
+    if size < 0x80:
+        return size, p + 2
+    if p + 2 < b and buf[p + 2] < 0x80:  # two-byte lengths: lists of 128+ bytes
+        return (size & 0x7F) | (buf[p + 2] << 7), p + 3
+    return _read_varint(buf, p + 1, b)
+
+
 def _entry_fast(buf: bytes, a: int, b: int) -> tuple[str, RawFeature] | None:
     """Parse a map entry in TensorFlow's canonical layout, or return None to take the slow path.
 
@@ -282,39 +293,21 @@ def _entry_fast(buf: bytes, a: int, b: int) -> tuple[str, RawFeature] | None:
     if p >= b or buf[p] != 0x12:
         return None
     name = buf[a + 2 : p].decode("utf-8")
-    size = buf[p + 1] if p + 1 < b else 0x80
-    if size < 0x80:
-        p += 2
-    elif p + 2 < b and buf[p + 2] < 0x80:  # two-byte lengths: lists of 128+ bytes
-        size, p = (size & 0x7F) | (buf[p + 2] << 7), p + 3
-    else:
-        size, p = _read_varint(buf, p + 1, b)
+    size, p = _read_length(buf, p, b)
     if p + size != b or p == b:
         return None
     tag = buf[p]
     kind = tag >> 3
     if tag & 7 != _LEN or kind not in (FLOAT_LIST, INT64_LIST):
         return None
-    size = buf[p + 1] if p + 1 < b else 0x80
-    if size < 0x80:
-        p += 2
-    elif p + 2 < b and buf[p + 2] < 0x80:  # two-byte lengths: lists of 128+ bytes
-        size, p = (size & 0x7F) | (buf[p + 2] << 7), p + 3
-    else:
-        size, p = _read_varint(buf, p + 1, b)
+    size, p = _read_length(buf, p, b)
     if p + size != b:
         return None
     if p == b:
         return name, (kind, b"")
     if buf[p] != 0x0A:
         return None
-    size = buf[p + 1] if p + 1 < b else 0x80
-    if size < 0x80:
-        p += 2
-    elif p + 2 < b and buf[p + 2] < 0x80:  # two-byte lengths: lists of 128+ bytes
-        size, p = (size & 0x7F) | (buf[p + 2] << 7), p + 3
-    else:
-        size, p = _read_varint(buf, p + 1, b)
+    size, p = _read_length(buf, p, b)
     if (
         p + size != b
         or (kind == INT64_LIST and buf[b - 1] >= 0x80)
