@@ -280,13 +280,7 @@ def _check_output_dir(output_dir: Path, fingerprint: str, overwrite: bool) -> bo
             )
         shards.remove_outputs(output_dir)
         return False
-    foreign = [
-        p.name
-        for p in output_dir.iterdir()
-        if p.name != shards.PARTS_DIR
-        and not (p.name.startswith("data-") and p.suffix == ".arrow")
-        and p.name not in ("state.json", "dataset_info.json")
-    ]
+    foreign = [p.name for p in output_dir.iterdir() if not shards.written_by_us(p)]
     if foreign and not overwrite:
         raise PrepareError(
             f"output_dir {str(output_dir)!r} is not empty and was not written by omnibert-prepare "

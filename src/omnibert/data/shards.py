@@ -185,13 +185,17 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def written_by_us(path: Path) -> bool:
+    """Whether ``path`` (an entry of an output directory) is one omnibert-prepare writes."""
+    return path.name in (METADATA_FILE, "state.json", "dataset_info.json", PARTS_DIR) or (
+        path.name.startswith("data-") and path.suffix == ".arrow"
+    )
+
+
 def remove_outputs(output_dir: Path) -> None:
     """Delete what a previous run of ours wrote (and nothing else)."""
     for path in output_dir.iterdir():
-        ours = path.name in (METADATA_FILE, "state.json", "dataset_info.json", PARTS_DIR) or (
-            path.name.startswith("data-") and path.suffix == ".arrow"
-        )
-        if not ours:
+        if not written_by_us(path):
             continue
         if path.is_dir():
             shutil.rmtree(path)
