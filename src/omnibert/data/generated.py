@@ -1,0 +1,276 @@
+"""Synthetic pretraining data (``data=generated``): no files, same batches as real data.
+
+Each row is drawn from counter-based random numbers keyed by (seed, split, index), so row i
+is the same in every run, batch, worker and rank, and the resumable sampler makes a generated run
+resume exactly like a real one. Rows look like ``create_pretraining_data.py`` output: mostly
+full-length (10% shorter, as ``short_seq_prob``), ``[CLS] A [SEP] B [SEP]`` with segment ids,
+15% of the tokens (at most ``max_predictions_per_seq``) masked at sorted positions that are
+never special tokens (80% ``[MASK]``, 10% random, 10% kept), random next-sentence labels.
+
+Special ids follow Google's uncased BERT vocab (``[PAD]`` 0, ``[CLS]`` 101, ``[SEP]`` 102,
+``[MASK]`` 103, words from 104) when ``vocab_size`` > 1000, else ids 0-4 as
+``omnibert-prepare``'s trained vocabs number them (words from 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import torch
+from torch.utils.data import DataLoader
+
+from omnibert.data.collate import PretrainingCollator, RowBlock
+from omnibert.data.datamodule import DataConfigError, build_loader, lightning_epoch_batches
+from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler
+
+__all__ = ["GeneratedDataModule", "GeneratedRows"]
+
+MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP]
+FloatArray = npt.NDArray[np.float64]
+
+
+def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SplitMix64's finalizer: a bijective 64-bit hash (wrapping uint64 arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
+    """``num_samples`` synthetic unpadded rows; row i depends only on (seed, split, i).
+
+    Random numbers are counter-based (a SplitMix64 hash of the row key and the draw's
+    number), so a whole batch is generated with array operations and any row comes out the
+    same whatever batch, worker or rank asks for it.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        vocab_size: int,
+        max_seq_length: int,
+        max_predictions_per_seq: int,
+        seed: int,
+        split: int = 0,
+    ) -> None:
+        self.num_samples = num_samples
+        self.vocab_size = vocab_size
+        self.max_seq_length = max_seq_length
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.seed = seed
+        self.split = split
+        bert = vocab_size > 1000
+        self.cls_id, self.sep_id, self.mask_id = (101, 102, 103) if bert else (2, 3, 4)
+        self.first_word = 104 if bert else 5
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _uniform(self, keys: npt.NDArray[np.uint64], stream: int, width: int) -> FloatArray:
+        """[rows, width] uniforms in [0, 1) for draw ``stream`` of each row key."""
+        counter = np.arange(width, dtype=np.uint64) + np.uint64((stream + 1) << 32)
+        bits = _mix(keys[:, None] + counter[None, :] * np.uint64(0x9E3779B97F4A7C15))
+        return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+    def __getitems__(self, indices: Sequence[int]) -> RowBlock:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+            raise IndexError(f"rows {indices} reach outside [0, {self.num_samples})")
+        n, s, p = idx.size, self.max_seq_length, self.max_predictions_per_seq
+        base = _mix(np.array([self.seed & (2**64 - 1)], dtype=np.uint64) + np.uint64(self.split))
+        keys = _mix(base + idx.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03))
+        col = np.arange(s)[None, :]
+        # lengths: full, or uniform in [MIN_SEQ_LENGTH, s] for 10% of the rows
+        short = self._uniform(keys, 0, 2)
+        span = np.floor(short[:, 1] * (s - MIN_SEQ_LENGTH + 1)).astype(np.int64)
+        length = np.where(short[:, 0] < 0.1, MIN_SEQ_LENGTH + span, s)
+        len_a = 1 + np.floor(self._uniform(keys, 1, 1)[:, 0] * (length - 4)).astype(np.int64)
+        words = self.vocab_size - self.first_word
+        tokens = self.first_word + np.floor(self._uniform(keys, 2, s) * words).astype(np.int64)
+        sep_a, last = len_a + 1, length - 1
+        tokens[:, 0] = self.cls_id
+        tokens[np.arange(n), sep_a] = self.sep_id
+        tokens[np.arange(n), last] = self.sep_id
+        segment_ids = (col > sep_a[:, None]).astype(np.int64)
+        # masks: the `count` maskable positions with the smallest random keys, then sorted
+        maskable = (col > 0) & (col < last[:, None]) & (col != sep_a[:, None])
+        count = np.minimum(np.maximum(1, np.rint(length * 0.15).astype(np.int64)), p)
+        order = np.argsort(np.where(maskable, self._uniform(keys, 3, s), 2.0), axis=1)
+        chosen = np.zeros((n, s), dtype=bool)
+        k = min(p, s)
+        np.put_along_axis(chosen, order[:, :k], np.arange(k)[None, :] < count[:, None], axis=1)
+        how = self._uniform(keys, 4, s)
+        swap = self.first_word + np.floor(self._uniform(keys, 5, s) * words).astype(np.int64)
+        input_ids = np.where(chosen & (how < 0.8), self.mask_id, tokens)
+        input_ids = np.where(chosen & (how >= 0.8) & (how < 0.9), swap, input_ids)
+        real = col < length[:, None]
+        label = (self._uniform(keys, 6, 1)[:, 0] < 0.5).astype(np.int8)
+
+        def ragged(values: npt.NDArray[Any], lengths: npt.NDArray[np.int64]) -> pa.Array:
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+        table = pa.table(
+            {
+                "input_ids": ragged(input_ids[real], length),
+                "segment_ids": ragged(segment_ids[real], length),
+                "masked_lm_positions": ragged(np.nonzero(chosen)[1], count),
+                "masked_lm_ids": ragged(tokens[chosen], count),
+                "next_sentence_label": pa.array(label),
+            }
+        )
+        return RowBlock(idx, table)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row: dict[str, Any] = self.__getitems__([index]).table.to_pylist()[0]
+        return row
+
+
+class GeneratedDataModule(pl.LightningDataModule):
+    """Deterministic synthetic pretraining batches with the real data's shapes and dtypes
+    (profiling, compile-only runs, tests). Same interface as ``PretrainingDataModule``."""
+
+    format = "generated"
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 30522,
+        max_seq_length: int,
+        max_predictions_per_seq: int,
+        micro_batch_size: int,
+        eval_micro_batch_size: int | None = None,
+        num_train_samples: int = 65536,
+        num_eval_samples: int = 1024,
+        seed: int = 12345,
+        num_workers: int = 0,
+        shuffle: bool = True,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        self._vocab_size = vocab_size
+        self.max_seq_length = max_seq_length
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.micro_batch_size = micro_batch_size
+        self.eval_micro_batch_size = eval_micro_batch_size or micro_batch_size
+        self._num_train_samples = num_train_samples
+        self._num_eval_samples = num_eval_samples
+        self.seed = seed
+        self.num_workers = num_workers
+        self.shuffle = shuffle
+        self.pin_memory = pin_memory
+        self.rank, self.world_size = 0, 1
+
+    def check(self) -> None:
+        """Validate the settings; raises :class:`DataConfigError` naming the key."""
+        for key, value, low in (
+            ("data.vocab_size", self._vocab_size, 16),
+            ("phase.max_seq_length", self.max_seq_length, MIN_SEQ_LENGTH),
+            ("phase.max_predictions_per_seq", self.max_predictions_per_seq, 1),
+            ("phase.max_seq_length", self.max_seq_length, self.max_predictions_per_seq),
+            ("micro_batch_size", self.micro_batch_size, 1),
+            ("eval_micro_batch_size", self.eval_micro_batch_size, 1),
+            ("data.num_train_samples", self._num_train_samples, 1),
+            ("data.num_eval_samples", self._num_eval_samples, 0),
+            ("data.num_workers", self.num_workers, 0),
+        ):
+            if value < low:
+                raise DataConfigError(f"{key}={value} must be at least {low}; fix {key}.")
+        per_rank = self._num_train_samples // self.world_size
+        if self.micro_batch_size > per_rank:
+            raise DataConfigError(
+                f"micro_batch_size={self.micro_batch_size} is larger than the {per_rank} "
+                f"generated rows each of {self.world_size} device(s) gets; raise "
+                "data.num_train_samples or lower the micro batch size."
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def num_train_samples(self) -> int:
+        return self._num_train_samples
+
+    @property
+    def num_eval_samples(self) -> int:
+        return self._num_eval_samples
+
+    def describe(self) -> dict[str, Any]:
+        b, s, p = self.micro_batch_size, self.max_seq_length, self.max_predictions_per_seq
+        return {
+            "format": self.format,
+            "train_samples": self._num_train_samples,
+            "eval_samples": self._num_eval_samples,
+            "vocab_size": self._vocab_size,
+            "max_seq_length": s,
+            "max_predictions_per_seq": p,
+            "micro_batch_size": b,
+            "eval_micro_batch_size": self.eval_micro_batch_size,
+            "train_batches_per_epoch": self._num_train_samples // self.world_size // b,
+            "shapes": {"input_ids": [b, s], "masked_lm_positions": [b, p], "nsp_labels": [b, 1]},
+            "num_workers": self.num_workers,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def rows(self, split: str = "train") -> GeneratedRows:
+        """The synthetic dataset of ``split`` ("train" or "eval")."""
+        return GeneratedRows(
+            self._num_train_samples if split == "train" else self._num_eval_samples,
+            vocab_size=self._vocab_size,
+            max_seq_length=self.max_seq_length,
+            max_predictions_per_seq=self.max_predictions_per_seq,
+            seed=self.seed,
+            split=0 if split == "train" else 1,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.trainer is not None:
+            self.rank, self.world_size = int(self.trainer.global_rank), int(self.trainer.world_size)
+        self.check()
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        sampler = ResumableBatchSampler(
+            self._num_train_samples,
+            self.micro_batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=True,
+            num_replicas=self.world_size,
+            rank=self.rank,
+        )
+        sampler.batches_per_epoch = lightning_epoch_batches(self.trainer, len(sampler))
+        collator = PretrainingCollator(self.max_seq_length, self.max_predictions_per_seq)
+        return build_loader(
+            self.rows("train"),
+            collator,
+            sampler,
+            num_workers=self.num_workers,
+            seed=self.seed,
+            pin_memory=self.pin_memory,
+        )
+
+    def val_dataloader(self) -> DataLoader[Any] | list[Any]:
+        if self._num_eval_samples == 0:
+            return []
+        sampler = EvalBatchSampler(
+            self._num_eval_samples,
+            self.eval_micro_batch_size,
+            num_replicas=self.world_size,
+            rank=self.rank,
+        )
+        collator = PretrainingCollator(
+            self.max_seq_length, self.max_predictions_per_seq, self.eval_micro_batch_size
+        )
+        return build_loader(
+            self.rows("eval"), collator, sampler, num_workers=self.num_workers, seed=self.seed,
+            pin_memory=self.pin_memory,
+        )  # fmt: skip

@@ -1,0 +1,186 @@
+"""Batch samplers whose position can be saved and restored exactly.
+
+:class:`ResumableBatchSampler` is the training sampler: a fresh permutation per epoch drawn
+from ``numpy.random.default_rng([seed, epoch])`` (identical on every rank and every run),
+cut into equal disjoint per-rank shares, then into batches. Its ``state_dict`` is
+``(epoch, batches yielded in that epoch)``; the counter is advanced *before* a batch is
+handed out, so a state taken at any moment says exactly which batch comes next, including
+inside a ``StatefulDataLoader`` whose worker processes are fed ahead of consumption (the
+loader snapshots the sampler state for each batch it dispatches). After the last batch of
+an epoch the next iteration starts epoch + 1 by itself; ``set_epoch`` jumps to an epoch.
+
+:class:`EvalBatchSampler` walks a rank's contiguous share of the eval set in order; every
+rank runs the same number of batches (a rank with fewer rows gets short or empty batches,
+which the evaluation collator pads with zero-weight rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EvalBatchSampler", "ResumableBatchSampler", "SamplerStateError"]
+
+
+class SamplerStateError(ValueError):
+    """A saved sampler state does not belong to this sampler's configuration."""
+
+
+def _check_rank(num_replicas: int, rank: int) -> None:
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas}).")
+
+
+class ResumableBatchSampler:
+    """Yields lists of dataset indices for one rank; exactly resumable (see module doc).
+
+    Each epoch every rank takes ``num_samples // num_replicas`` indices (rank r takes every
+    ``num_replicas``-th index of the permutation starting at r; the remainder is dropped so
+    all ranks run the same number of steps and no index repeats within an epoch). With
+    ``drop_last`` a short final batch is dropped, otherwise it is yielded short.
+    ``batches_per_epoch`` caps an epoch (the rest of that epoch's permutation is skipped), so
+    that an epoch can be made to end exactly where the training loop's epoch ends.
+    A saved state fits every rank (Lightning restores rank 0's loader state on all ranks):
+    epoch and position are the same everywhere, and the rank is not taken from it.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        num_replicas: int = 1,
+        rank: int = 0,
+        batches_per_epoch: int | None = None,
+    ) -> None:
+        if num_samples < 0 or batch_size < 1:
+            raise ValueError(
+                f"num_samples={num_samples} must be >= 0 and batch_size={batch_size} >= 1."
+            )
+        if batches_per_epoch is not None and batches_per_epoch < 1:
+            raise ValueError(f"batches_per_epoch={batches_per_epoch} must be >= 1 or None.")
+        _check_rank(num_replicas, rank)
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.batches_per_epoch = batches_per_epoch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self._position = 0  # batches of `epoch` already handed out
+
+    @property
+    def samples_per_rank(self) -> int:
+        return self.num_samples // self.num_replicas
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        per_rank = self.samples_per_rank
+        batches = (
+            per_rank if self.drop_last else per_rank + self.batch_size - 1
+        ) // self.batch_size
+        return batches if self.batches_per_epoch is None else min(batches, self.batches_per_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Continue from the start of ``epoch`` (no-op when already inside that epoch, so a
+        resumed mid-epoch position is kept)."""
+        if epoch < 0:
+            raise ValueError(f"epoch={epoch} must be >= 0.")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._position = 0
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """This rank's indices for ``epoch`` in order (before cutting into batches)."""
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+        else:
+            order = np.arange(self.num_samples)
+        usable = self.samples_per_rank * self.num_replicas
+        return order[:usable][self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # Lazy generator: creating an iterator changes nothing until the first batch is drawn.
+        if self._position >= len(self):
+            self.epoch += 1
+            self._position = 0
+        epoch, indices, size = self.epoch, self.epoch_indices(self.epoch), self.batch_size
+        while self.epoch == epoch and self._position < len(self):
+            start = self._position * size
+            batch = indices[start : start + size].tolist()
+            self._position += 1  # before the yield: a state taken now points past this batch
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self._position,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "batches_per_epoch": self.batches_per_epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mismatched = [
+            f"{key}={state.get(key)!r} (now {getattr(self, key)!r})"
+            for key in ("num_samples", "batch_size", "num_replicas", "seed", "shuffle", "drop_last")
+            if state.get(key) != getattr(self, key)
+        ]
+        if mismatched:
+            raise SamplerStateError(
+                "the checkpoint's data sampler was saved with "
+                + ", ".join(mismatched)
+                + ", so its position means nothing here; resume with the same data, micro "
+                "batch size, number of devices and seed, or start a fresh run."
+            )
+        self.epoch = int(state["epoch"])
+        self._position = int(state["position"])
+
+
+class EvalBatchSampler:
+    """In-order batches over rank ``rank``'s contiguous share of ``range(num_samples)``.
+
+    Shares differ by at most one row; every rank yields ``len(self)`` batches (the largest
+    share's count), so ranks stay in step and every row is evaluated exactly once.
+    """
+
+    def __init__(
+        self, num_samples: int, batch_size: int, *, num_replicas: int = 1, rank: int = 0
+    ) -> None:
+        if num_samples < 0 or batch_size < 1:
+            raise ValueError(
+                f"num_samples={num_samples} must be >= 0 and batch_size={batch_size} >= 1."
+            )
+        _check_rank(num_replicas, rank)
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def bounds(self) -> tuple[int, int]:
+        """``[start, stop)`` of this rank's share."""
+        base, extra = divmod(self.num_samples, self.num_replicas)
+        start = self.rank * base + min(self.rank, extra)
+        return start, start + base + (1 if self.rank < extra else 0)
+
+    def __len__(self) -> int:
+        largest = -(-self.num_samples // self.num_replicas)
+        return -(-largest // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, stop = self.bounds()
+        for b in range(len(self)):
+            lo = min(start + b * self.batch_size, stop)
+            yield list(range(lo, min(lo + self.batch_size, stop)))
