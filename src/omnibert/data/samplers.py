@@ -75,6 +75,8 @@ class ResumableBatchSampler:
         self.rank = rank
         self.epoch = 0
         self._position = 0  # batches of `epoch` already handed out
+        # where the next iterator begins: (epoch, batch); see __iter__
+        self._start = (0, 0)
 
     @property
     def samples_per_rank(self) -> int:
@@ -93,9 +95,9 @@ class ResumableBatchSampler:
         resumed mid-epoch position is kept)."""
         if epoch < 0:
             raise ValueError(f"epoch={epoch} must be >= 0.")
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._position = 0
+        if epoch != self._start[0]:
+            self._start = (epoch, 0)
+            self.epoch, self._position = epoch, 0
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """This rank's indices for ``epoch`` in order (before cutting into batches)."""
@@ -108,15 +110,21 @@ class ResumableBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         # Lazy generator: creating an iterator changes nothing until the first batch is drawn.
-        if self._position >= len(self):
-            self.epoch += 1
-            self._position = 0
-        epoch, indices, size = self.epoch, self.epoch_indices(self.epoch), self.batch_size
-        while self.epoch == epoch and self._position < len(self):
-            start = self._position * size
-            batch = indices[start : start + size].tolist()
-            self._position += 1  # before the yield: a state taken now points past this batch
-            yield batch
+        # Every iterator begins at `_start`, not at the live position: a loader may create an
+        # iterator, let its workers prefetch a few batches and drop it (Lightning does so when
+        # it resumes at the end of an epoch), and the next iterator must not skip those
+        # batches. `_start` moves on only when the iterator begun there handed out its whole
+        # epoch (or a loaded state says the epoch was finished).
+        epoch, position = self._start
+        if self.epoch == epoch and self._position >= len(self):
+            epoch, position = epoch + 1, 0
+        self._start = (epoch, position)
+        self.epoch, self._position = epoch, position
+        indices, size = self.epoch_indices(epoch), self.batch_size
+        for b in range(position, len(self)):
+            # before the yield: a state taken now points past this batch
+            self.epoch, self._position = epoch, b + 1
+            yield indices[b * size : (b + 1) * size].tolist()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +155,7 @@ class ResumableBatchSampler:
             )
         self.epoch = int(state["epoch"])
         self._position = int(state["position"])
+        self._start = (self.epoch, self._position)
 
 
 class EvalBatchSampler:
