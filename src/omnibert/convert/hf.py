@@ -1,0 +1,313 @@
+"""Hugging Face BERT checkpoints in and out, and reading omnibert's Lightning checkpoints.
+
+* :func:`init_from_hf` loads a ``BertForPreTraining`` or bare ``BertModel`` checkpoint directory
+  (``model.safetensors`` or ``pytorch_model.bin``, sharded or not) into our model; the real
+  vocabulary rows go into the padded embedding, buffers such as ``position_ids`` are ignored,
+  and every mismatch is refused in one sentence before the model changes.
+* :func:`export_hf` writes ``model.safetensors`` + ``config.json`` + ``vocab.txt`` that
+  ``transformers.BertForPreTraining.from_pretrained`` loads with no missing or unexpected key.
+  The vocab padding rows are stripped (``vocab_size`` = the real vocab). The tied decoder
+  tensors (``cls.predictions.decoder.weight``/``.bias`` are the word embedding and
+  ``cls.predictions.bias``) are not written, exactly as ``save_pretrained`` does, because
+  safetensors refuses shared tensors; ``from_pretrained`` ties them again.
+* :func:`load_pretraining_checkpoint` reads a Lightning checkpoint of the pretraining task.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
+
+#: Tensors that are other tensors under a second name (HF ties them the same way).
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+#: Vocabulary-sized tensors: the checkpoint holds the real rows, our model the padded ones.
+VOCAB_KEYS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias")
+#: Modules a bare ``BertModel`` checkpoint may lack; they then stay freshly initialised.
+HEADS = ("bert.pooler", "cls.predictions", "cls.seq_relationship")
+_BUFFER_SUFFIXES = ("position_ids", "token_type_ids")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+class ConversionError(ValueError):
+    """A checkpoint that cannot be read into (or written from) the model as asked."""
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What :func:`init_from_hf` did: parameter names loaded, left as they were, ignored."""
+
+    source: str
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def fresh_heads(self) -> list[str]:
+        """The heads (pooler, MLM, NSP) that the checkpoint lacked and stay freshly initialised."""
+        return [h for h in HEADS if any(k.startswith(h + ".") for k in self.missing)]
+
+    def summary(self) -> str:
+        text = f"loaded {len(self.loaded)} tensors from {self.source}"
+        if self.fresh_heads:
+            text += f"; freshly initialised: {', '.join(self.fresh_heads)}"
+        if self.ignored:
+            text += f"; ignored: {', '.join(self.ignored)}"
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _weights_files(path: Path) -> list[Path]:
+    for name in _WEIGHT_FILES:
+        index = path / f"{name}.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return [path / shard for shard in sorted(set(weight_map.values()))]
+        if (path / name).is_file():
+            return [path / name]
+    raise ConversionError(
+        f"{path} holds no model.safetensors or pytorch_model.bin; point model.init_from at a "
+        "Hugging Face BERT checkpoint directory."
+    )
+
+
+def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".safetensors":
+                tensors.update(load_file(str(file)))
+            else:
+                tensors.update(torch.load(file, map_location="cpu", weights_only=True))
+        except Exception as err:
+            raise ConversionError(
+                f"{file} could not be read ({type(err).__name__}: {err}); re-download the "
+                "checkpoint."
+            ) from err
+    return tensors
+
+
+def _hf_name(key: str, bare: bool) -> str:
+    """Our parameter name for a checkpoint key (adds ``bert.`` to bare ``BertModel`` keys)."""
+    key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+        "LayerNorm.beta", "LayerNorm.bias"
+    )
+    return f"bert.{key}" if bare else key
+
+
+def read_hf_config(path: str | Path) -> BertConfig:
+    """The :class:`BertConfig` of a Hugging Face checkpoint directory's ``config.json``."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise ConversionError(
+            f"{config_file} does not exist; point model.init_from at a Hugging Face BERT "
+            "checkpoint directory (config.json + model.safetensors)."
+        )
+    try:
+        return BertConfig.from_hf_dict(json.loads(config_file.read_text()))
+    except (json.JSONDecodeError, BertConfigError, TypeError) as err:
+        raise ConversionError(f"{config_file} is not a usable BERT config: {err}") from err
+
+
+def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
+    """Load a Hugging Face BERT checkpoint directory into ``model`` (in place).
+
+    Accepts ``BertForPreTraining``-style keys (``bert.*``, ``cls.*``) and bare ``BertModel``
+    keys (no prefix, no heads: the heads keep their current values and are reported).
+    Raises :class:`ConversionError` before touching ``model`` on any mismatch.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ConversionError(
+            f"Hugging Face checkpoint directory {path} does not exist; set model.init_from to a "
+            "directory holding config.json and model.safetensors (or pytorch_model.bin)."
+        )
+    theirs = read_hf_config(path)
+    ours = model.config
+    mismatches = ours.architecture_mismatches(theirs)
+    if mismatches:
+        fix = (
+            "prepare the data with the checkpoint's vocab.txt so the vocab sizes agree"
+            if all(m.startswith("vocab_size=") for m in mismatches)
+            else "set model.config to the checkpoint's sizes"
+        )
+        raise ConversionError(
+            f"{path / 'config.json'} does not match the model (model vs checkpoint: "
+            f"{', '.join(mismatches)}); {fix}."
+        )
+    files = _weights_files(path)
+    tensors = _read_weights(files)
+    bare = not any(k.startswith(("bert.", "cls.")) for k in tensors)
+    if "cls.predictions.decoder.bias" in tensors and "cls.predictions.bias" not in tensors:
+        tensors["cls.predictions.bias"] = tensors.pop("cls.predictions.decoder.bias")
+    params = model.state_dict()
+    vocab = ours.vocab_size
+    updates: dict[str, torch.Tensor] = {}
+    ignored: list[str] = []
+    source = files[0].name if len(files) == 1 else f"{len(files)} shards"
+    for key, tensor in tensors.items():
+        name = _hf_name(key, bare)
+        if name.endswith(_BUFFER_SUFFIXES) or name in TIED_KEYS or name not in params:
+            ignored.append(key)
+            continue
+        expected = params[name].shape
+        if name in VOCAB_KEYS:
+            expected = torch.Size((vocab, *expected[1:]))
+        if tensor.shape != expected:
+            raise ConversionError(
+                f"{path / source} has {key} of shape {tuple(tensor.shape)} but the model needs "
+                f"{tuple(expected)}; the checkpoint does not belong to this config.json, "
+                "re-download it."
+            )
+        updates[name] = tensor
+    decoder = tensors.get("cls.predictions.decoder.weight")
+    embedding = updates.get(VOCAB_KEYS[0])
+    if decoder is not None and embedding is not None and not torch.equal(decoder, embedding):
+        raise ConversionError(
+            f"{path / source} has a decoder (cls.predictions.decoder.weight) that differs from "
+            "the word embeddings; omnibert ties them, so only checkpoints with a tied MLM "
+            "decoder can be loaded."
+        )
+    missing = [k for k in params if k not in updates and k not in TIED_KEYS]
+    body = [k for k in missing if not k.startswith(HEADS)]
+    if body:
+        raise ConversionError(
+            f"{path / source} lacks {len(body)} encoder tensor(s) such as {body[0]}; it is not a "
+            "complete BERT checkpoint, re-download it."
+        )
+    with torch.no_grad():
+        for name, tensor in updates.items():
+            target = params[name]
+            (target[:vocab] if name in VOCAB_KEYS else target).copy_(tensor)
+    return ImportReport(
+        source=str(path), loaded=sorted(updates), missing=missing, ignored=sorted(ignored)
+    )
+
+
+def _count_lines(vocab_file: Path) -> int:
+    with vocab_file.open(encoding="utf-8") as handle:
+        return sum(1 for _ in handle)
+
+
+def export_hf(
+    model: BertForPreTraining,
+    out_dir: str | Path,
+    vocab_file: str | Path | None,
+    *,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write a Hugging Face ``BertForPreTraining`` checkpoint; returns the files written.
+
+    ``out_dir`` must be empty or absent unless ``overwrite`` (then our three files are
+    replaced and nothing else is touched). ``vocab_file`` must have ``vocab_size`` lines.
+    """
+    out = Path(out_dir)
+    config = model.config
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"export directory {out} is a file; choose another out=.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConversionError(
+            f"export directory {out} is not empty; choose an empty out= or pass overwrite=true "
+            "(only model.safetensors, config.json and vocab.txt are replaced)."
+        )
+    vocab_path = Path(vocab_file) if vocab_file is not None else None
+    if vocab_path is not None:
+        if not vocab_path.is_file():
+            raise ConversionError(
+                f"vocab file {vocab_path} does not exist; pass vocab_file= with the vocab.txt "
+                "the model was trained with."
+            )
+        lines = _count_lines(vocab_path)
+        if lines != config.vocab_size:
+            raise ConversionError(
+                f"vocab file {vocab_path} has {lines} tokens but the model's vocab_size is "
+                f"{config.vocab_size}; pass vocab_file= with the vocab.txt it was trained with."
+            )
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name in TIED_KEYS:
+            continue
+        if name in VOCAB_KEYS:
+            tensor = tensor[: config.vocab_size]
+        tensors[name] = tensor.detach().to("cpu").contiguous().clone()
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "model.safetensors", out / "config.json"]
+    save_file(tensors, str(written[0]), metadata={"format": "pt"})
+    written[1].write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+    if vocab_path is not None:
+        written.append(out / "vocab.txt")
+        shutil.copyfile(vocab_path, written[-1])
+    return written
+
+
+def load_pretraining_checkpoint(
+    ckpt_path: str | Path,
+) -> tuple[BertConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """``(config, model state dict, hyper-parameters)`` of a pretraining Lightning checkpoint.
+
+    The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
+    and ``state_dict`` keys ``'model.' + <parameter name>``.
+    """
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise ConversionError(f"checkpoint {path} does not exist; pass ckpt= with a .ckpt file.")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ConversionError(
+            f"checkpoint {path} could not be read ({type(err).__name__}); pass a checkpoint "
+            "written by omnibert-train."
+        ) from err
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
+    if not isinstance(hparams, Mapping) or "model_config" not in hparams:
+        raise ConversionError(
+            f"checkpoint {path} has no hyper_parameters['model_config']; pass a checkpoint "
+            "written by omnibert-train's pretraining task."
+        )
+    try:
+        config = BertConfig.from_dict(hparams["model_config"])
+    except (BertConfigError, TypeError) as err:
+        raise ConversionError(f"checkpoint {path} has an unusable model_config: {err}") from err
+    state = {
+        key.removeprefix("model."): value
+        for key, value in ckpt.get("state_dict", {}).items()
+        if key.startswith("model.")
+    }
+    with torch.device("meta"):  # shapes only: no memory, no init cost
+        expected = BertForPreTraining(config).state_dict()
+    absent = [k for k in expected if k not in state and k not in TIED_KEYS]
+    extra = [k for k in state if k not in expected]
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if absent or extra or wrong:
+        if absent:
+            detail = f"missing {absent[0]}"
+        elif extra:
+            detail = f"unexpected {extra[0]}"
+        else:
+            shape, needed = tuple(state[wrong[0]].shape), tuple(expected[wrong[0]].shape)
+            detail = f"{wrong[0]} has shape {shape}, the config needs {needed}"
+        raise ConversionError(
+            f"checkpoint {path} does not hold the model its model_config describes ({detail}); "
+            "pass a checkpoint written by omnibert-train's pretraining task."
+        )
+    return config, state, dict(hparams)
+
+
+def model_from_pretraining_checkpoint(
+    ckpt_path: str | Path,
+) -> tuple[BertForPreTraining, dict[str, Any]]:
+    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters."""
+    config, state, hparams = load_pretraining_checkpoint(ckpt_path)
+    model = BertForPreTraining(config)
+    model.load_state_dict(state, strict=False)
+    return model, hparams

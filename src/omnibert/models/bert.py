@@ -1,0 +1,402 @@
+"""BERT with the pretraining heads in pure torch, parameter for parameter Hugging Face's layout.
+
+Module and parameter names equal ``transformers.BertForPreTraining``'s, so its state dict loads
+key for key (our embedding and decoder hold ``padded_vocab_size`` rows). The forward pass takes
+the static-shape batch of the data contract (see ``docs``/DESIGN.md) and returns the loss:
+
+* attention is block-diagonal over ``sequence_ids``: query i sees key j iff both carry the same
+  id, so packed sequences never see each other and real tokens never see padding (padding sees
+  padding, so no row of the mask is empty and nothing turns into NaN);
+* the MLM head (transform + tied decoder) runs only on the ``P`` gathered masked positions;
+* NSP runs the pooler on the hidden state of each sequence's [CLS] (``nsp_positions``);
+* the last encoder layer computes only those ``P + K`` rows per row of the batch (queries at
+  the read positions, keys and values everywhere): its other outputs would never be read.
+
+Everything stays on the device: no ``.item()``, no data-dependent Python branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from omnibert.models.config import BertConfig
+
+
+def _activation(name: str) -> nn.Module:
+    if name == "gelu":
+        return nn.GELU()
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return nn.GELU(approximate="tanh")
+    return nn.ReLU()
+
+
+@torch.no_grad()
+def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
+    """Fill with N(0, std²) truncated to ±2 std (values outside are drawn again: exact).
+
+    About 20x faster on CPU than ``nn.init.trunc_normal_``'s inverse-CDF sampling, which
+    matters for the 23M-entry embedding of BERT-base.
+    """
+    if tensor.is_meta or not tensor.is_contiguous():
+        return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+    flat = tensor.view(-1).normal_(0.0, std)
+    outside = (flat.abs() > 2 * std).nonzero().squeeze(1)
+    while outside.numel():
+        redrawn = torch.empty_like(flat[outside]).normal_(0.0, std)
+        flat[outside] = redrawn
+        outside = outside[redrawn.abs() > 2 * std]
+    return tensor
+
+
+def block_diagonal_mask(sequence_ids: Tensor, query_ids: Tensor | None = None) -> Tensor:
+    """``[B,1,Q,S]`` bool: True where query i may attend key j (same sequence id).
+
+    ``query_ids`` (``[B,Q]``, default ``sequence_ids``) are the sequence ids of the query rows.
+    """
+    queries = sequence_ids if query_ids is None else query_ids
+    return (queries.unsqueeze(2) == sequence_ids.unsqueeze(1)).unsqueeze(1)
+
+
+def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(d), -inf where not ``mask``) v, dropout on the probabilities.
+
+    Without dropout (eval) and off the CPU this is ``F.scaled_dot_product_attention`` (fused
+    flash kernels). With dropout, PyTorch's CPU SDPA falls back to its reference "math" kernel,
+    which upcasts bf16 to fp32 and costs about twice :func:`explicit_attention`.
+    """
+    if dropout_p == 0.0 or query.device.type != "cpu":
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p
+        )
+    return explicit_attention(query, key, value, mask, dropout_p)
+
+
+def explicit_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float
+) -> Tensor:
+    """The same maths written out, in the inputs' (autocast) dtype: scores from GEMMs that
+    accumulate in fp32, softmax accumulated in fp32, as the fused kernels do."""
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)
+    scores = scores.masked_fill_(mask.logical_not(), float("-inf"))
+    probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training=dropout_p > 0.0)
+    return torch.matmul(probs, value)
+
+
+def gather_rows(hidden: Tensor, positions: Tensor) -> Tensor:
+    """``[B,N,H]``: ``hidden[b, positions[b, n]]`` for every (b, n)."""
+    return torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, segment_ids: Tensor, position_ids: Tensor) -> Tensor:
+        embeddings = (
+            self.word_embeddings(input_ids)
+            + self.token_type_embeddings(segment_ids)
+            + self.position_embeddings(position_ids)
+        )
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head attention on HF's separate ``query``/``key``/``value`` parameters.
+
+    Q, K and V run as one GEMM on the concatenated weights (fewer, larger GEMMs; measured
+    neutral on a 2-core CPU, where the GEMMs are large anyway). With ``queries`` (the hidden states
+    of a subset of rows) only those rows attend, over all keys: the last layer of the
+    pretraining forward needs no other row.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.dropout_prob = config.attention_probs_dropout_prob
+
+    def _heads(self, projected: Tensor, parts: int) -> tuple[Tensor, ...]:
+        batch, rows, _ = projected.shape
+        split = projected.view(batch, rows, parts, self.num_heads, self.head_dim)
+        return split.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, rows, head_dim]
+
+    def forward(
+        self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None
+    ) -> Tensor:
+        q, k, v = self.query, self.key, self.value
+        if queries is None:
+            qkv = F.linear(
+                hidden_states,
+                torch.cat((q.weight, k.weight, v.weight)),
+                torch.cat((q.bias, k.bias, v.bias)),
+            )
+            query, key, value = self._heads(qkv, 3)
+        else:
+            (query,) = self._heads(q(queries), 1)
+            kv = F.linear(
+                hidden_states, torch.cat((k.weight, v.weight)), torch.cat((k.bias, v.bias))
+            )
+            key, value = self._heads(kv, 2)
+        dropout_p = self.dropout_prob if self.training else 0.0
+        context = attention(query, key, value, attention_mask, dropout_p)
+        batch, _, rows, _ = context.shape
+        return context.transpose(1, 2).reshape(batch, rows, -1)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(
+        self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None
+    ) -> Tensor:
+        residual = hidden_states if queries is None else queries
+        return self.output(self.self(hidden_states, attention_mask, queries), residual)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = _activation(config.hidden_act)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(
+        self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None
+    ) -> Tensor:
+        """``[B,S,H]``, or ``[B,Q,H]`` for the query rows ``queries`` only."""
+        attended = self.attention(hidden_states, attention_mask, queries)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        sequence_ids: Tensor,
+        output_positions: Tensor | None = None,
+    ) -> Tensor:
+        mask = block_diagonal_mask(sequence_ids)
+        if output_positions is None:
+            for layer in self.layer:
+                hidden_states = layer(hidden_states, mask)
+            return hidden_states
+        for layer in self.layer[:-1]:
+            hidden_states = layer(hidden_states, mask)
+        # the last layer runs only the rows that are read: its other outputs would be dropped
+        query_ids = torch.gather(sequence_ids, 1, output_positions)
+        queries = gather_rows(hidden_states, output_positions)
+        last_mask = block_diagonal_mask(sequence_ids, query_ids)
+        last: Tensor = self.layer[-1](hidden_states, last_mask, queries)
+        return last
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, cls_states: Tensor) -> Tensor:
+        """Pool the given [CLS] hidden states (any leading shape, last dim hidden)."""
+        return self.activation(self.dense(cls_states))
+
+
+class BertModel(nn.Module):
+    """The encoder: ``forward`` returns the last hidden states ``[B,S,H]``."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        segment_ids: Tensor,
+        position_ids: Tensor,
+        sequence_ids: Tensor,
+        output_positions: Tensor | None = None,
+    ) -> Tensor:
+        """Last hidden states ``[B,S,H]``; with ``output_positions [B,N]`` only those rows
+        ``[B,N,H]`` (equal to ``full[b, output_positions[b]]``, computed without the rest)."""
+        hidden = self.embeddings(input_ids, segment_ids, position_ids)
+        return self.encoder(hidden, sequence_ids, output_positions)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform + decoder; ``decoder.weight`` is the word embedding, ``decoder.bias`` is ``bias``."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        # built on the meta device: both of its parameters are replaced by shared ones below
+        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size, device="meta")
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+        # the same Parameter objects: tying survives load_state_dict, .to() and deepcopy
+        self.decoder.weight = word_embeddings.weight
+        self.decoder.bias = self.bias
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        return self.decoder(self.transform(hidden_states))
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _weighted_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    count = weights.sum()
+    return (values * weights).sum() / count.clamp(min=1.0), count
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the MLM and NSP heads; ``forward(batch)`` returns the losses and counts."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Google BERT's init: truncated normal (±2 std) weights, zero biases, LayerNorm 1/0."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if module is self.cls.predictions.decoder:
+                continue  # its weight is the word embedding, its bias cls.predictions.bias
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                truncated_normal_(module.weight, std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        self.cls.predictions.bias.zero_()
+        # rows past the real vocabulary are never looked up nor scored: keep them at zero
+        self.bert.embeddings.word_embeddings.weight[self.config.vocab_size :].zero_()
+
+    def forward(
+        self, batch: Mapping[str, Tensor], *, return_logits: bool = False
+    ) -> dict[str, Tensor]:
+        """Losses of one batch (the data contract's keys).
+
+        Returns 0-dim float32 tensors ``loss`` (= ``mlm_loss + nsp_loss``), ``mlm_loss`` and
+        ``nsp_loss`` (weighted means over the real slots), ``mlm_correct``/``mlm_count`` and
+        ``nsp_correct``/``nsp_count`` (weight sums); with ``return_logits`` also
+        ``mlm_logits [B,P,padded_vocab_size]`` (columns from ``vocab_size`` on are vocab
+        padding, never scored) and ``nsp_logits [B,K,2]``.
+        """
+        mlm_positions = batch["masked_lm_positions"]
+        nsp_positions = batch["nsp_positions"]
+        # only the rows the heads read: P masked positions and K [CLS] positions per row
+        hidden = self.bert(
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["position_ids"],
+            batch["sequence_ids"],
+            output_positions=torch.cat((mlm_positions, nsp_positions), dim=1),
+        )
+        predictions = mlm_positions.shape[1]
+        mlm_hidden = hidden[:, :predictions].reshape(-1, hidden.shape[-1])
+        nsp_hidden = hidden[:, predictions:].reshape(-1, hidden.shape[-1])
+        mlm_logits = self.cls.predictions(mlm_hidden)
+        nsp_logits = self.cls.seq_relationship(self.bert.pooler(nsp_hidden))
+
+        vocab = self.config.vocab_size
+        mlm_scores = mlm_logits[:, :vocab].float()
+        mlm_labels = batch["masked_lm_ids"].reshape(-1)
+        mlm_weights = batch["masked_lm_weights"].reshape(-1).float()
+        mlm_ce = F.cross_entropy(mlm_scores, mlm_labels, reduction="none")
+        mlm_loss, mlm_count = _weighted_mean(mlm_ce, mlm_weights)
+        mlm_hits = (mlm_scores.argmax(-1) == mlm_labels).float()
+
+        nsp_scores = nsp_logits.float()
+        nsp_labels = batch["nsp_labels"].reshape(-1)
+        nsp_weights = batch["nsp_weights"].reshape(-1).float()
+        nsp_ce = F.cross_entropy(nsp_scores, nsp_labels, reduction="none")
+        nsp_loss, nsp_count = _weighted_mean(nsp_ce, nsp_weights)
+        nsp_hits = (nsp_scores.argmax(-1) == nsp_labels).float()
+
+        out = {
+            "loss": mlm_loss + nsp_loss,
+            "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss,
+            "mlm_correct": (mlm_hits * mlm_weights).sum(),
+            "mlm_count": mlm_count,
+            "nsp_correct": (nsp_hits * nsp_weights).sum(),
+            "nsp_count": nsp_count,
+        }
+        if return_logits:
+            out["mlm_logits"] = mlm_logits.view(*mlm_positions.shape, -1)
+            out["nsp_logits"] = nsp_logits.view(*nsp_positions.shape, 2)
+        return out

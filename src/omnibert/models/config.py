@@ -1,0 +1,170 @@
+"""``BertConfig``: the architecture of a BERT model, and its mapping to Hugging Face's config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Activations the encoder implements (Hugging Face names). ``gelu`` is the exact (erf) GELU.
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+class BertConfigError(ValueError):
+    """A model configuration that cannot describe a BERT model."""
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Shape and regularisation of a BERT encoder with the pretraining heads.
+
+    Field names equal Hugging Face ``BertConfig``'s, so a ``config.json`` maps one to one.
+    ``vocab_size`` is the real vocabulary (lines of vocab.txt); the embedding matrix and the MLM
+    decoder hold :attr:`padded_vocab_size` rows, a multiple of ``pad_vocab_size_multiple``.
+    """
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_vocab_size_multiple: int = 8
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "pad_vocab_size_multiple",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BertConfigError(
+                    f"model config {name}={value!r} must be a positive integer; set "
+                    f"model.config.{name} to one."
+                )
+        if self.hidden_size % self.num_attention_heads:
+            raise BertConfigError(
+                f"model config hidden_size={self.hidden_size} is not a multiple of "
+                f"num_attention_heads={self.num_attention_heads}; choose a head count that "
+                "divides the hidden size."
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise BertConfigError(
+                f"model config hidden_act={self.hidden_act!r} is not supported; use one of "
+                f"{', '.join(ACTIVATIONS)}."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise BertConfigError(
+                    f"model config {name}={value!r} must lie in [0, 1); fix model.config.{name}."
+                )
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """``vocab_size`` rounded up to a multiple of ``pad_vocab_size_multiple``."""
+        multiple = self.pad_vocab_size_multiple
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def replace(self, **changes: Any) -> BertConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (what checkpoints store as ``model_config``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> BertConfig:
+        """Build from a dict of exactly the dataclass fields (unknown keys are refused)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise BertConfigError(
+                f"model config has unknown key(s) {', '.join(unknown)}; the fields are "
+                f"{', '.join(sorted(known))}."
+            )
+        return cls(**dict(values))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A Hugging Face ``config.json`` for ``BertForPreTraining`` (real, unpadded vocab)."""
+        return {
+            "architectures": ["BertForPreTraining"],
+            "model_type": "bert",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": self.hidden_act,
+            "hidden_dropout_prob": self.hidden_dropout_prob,
+            "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size,
+            "initializer_range": self.initializer_range,
+            "layer_norm_eps": self.layer_norm_eps,
+            "pad_token_id": 0,
+            "position_embedding_type": "absolute",
+            "tie_word_embeddings": True,
+        }
+
+    @classmethod
+    def from_hf_dict(
+        cls, values: Mapping[str, Any], *, pad_vocab_size_multiple: int = 8
+    ) -> BertConfig:
+        """Read a Hugging Face BERT ``config.json`` dict (HF defaults for absent keys)."""
+        model_type = values.get("model_type", "bert")
+        if model_type != "bert":
+            raise BertConfigError(
+                f"config.json has model_type={model_type!r}; only BERT checkpoints "
+                "(model_type 'bert') can be loaded."
+            )
+        position_type = values.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise BertConfigError(
+                f"config.json has position_embedding_type={position_type!r}; only 'absolute' "
+                "position embeddings (original BERT) are supported."
+            )
+        if "vocab_size" not in values:
+            raise BertConfigError("config.json has no vocab_size; add the checkpoint's vocab size.")
+        defaults = cls(vocab_size=int(values["vocab_size"]))
+        fields = {
+            f.name: values.get(f.name, getattr(defaults, f.name))
+            for f in dataclasses.fields(cls)
+            if f.name != "pad_vocab_size_multiple"
+        }
+        return cls(**fields, pad_vocab_size_multiple=pad_vocab_size_multiple)
+
+    def architecture_mismatches(self, other: BertConfig) -> list[str]:
+        """``key=ours vs theirs`` for every field that changes the parameters or their meaning."""
+        keys = (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        )
+        return [
+            f"{key}={getattr(self, key)} vs {getattr(other, key)}"
+            for key in keys
+            if getattr(self, key) != getattr(other, key)
+        ]
