@@ -1,0 +1,298 @@
+"""``PretrainingTask``: BERT masked-LM + next-sentence pretraining as a LightningModule.
+
+The module holds plain data only (``hparams``: the model config as a dict, the optimizer and
+schedule as ``_target_`` dicts, paths as strings), so every checkpoint reloads from itself
+with :meth:`PretrainingTask.load_from_checkpoint` and opens with
+``torch.load(path, weights_only=True)``; ``state_dict`` keys are ``"model." + <HF name>``.
+
+Metrics (Lightning logging steps only, aggregated over the optimiser step's micro-batches and
+summed over ranks with one collective): ``train/loss``, ``train/mlm_loss``, ``train/nsp_loss``
+(means of the micro-batch losses the optimiser minimised), ``train/mlm_acc``, ``train/nsp_acc``
+(exact: correct / count over the step's predictions), ``train/grad_norm`` (global L2 norm of
+the accumulated gradient before any clipping in the optimiser, one ``foreach`` pass) and
+``train/lr``. Validation sums weighted correct predictions, counts and losses with
+torchmetrics ``SumMetric``s (synced across ranks), so ``val/mlm_acc``, ``val/nsp_acc`` and the
+``val/*loss`` values are exact over the whole eval set, not means of batch means.
+
+Global RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint so that
+dropout continues identically after a resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from torch import Tensor, nn
+from torchmetrics import SumMetric
+
+from omnibert.models import BertConfig, BertForPreTraining
+from omnibert.optim.accumulation import MicroBatchClipper
+from omnibert.optim.lamb_math import global_grad_norm
+from omnibert.tasks.plan import architecture_diffs
+
+log = logging.getLogger(__name__)
+
+#: per-micro-batch training statistics, summed over an optimiser step ("n": micro-batches)
+TRAIN_STATS = (
+    "loss",
+    "mlm_loss",
+    "nsp_loss",
+    "mlm_correct",
+    "mlm_count",
+    "nsp_correct",
+    "nsp_count",
+    "n",
+)
+#: validation sums over the whole eval set
+VAL_SUMS = ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_loss", "nsp_loss")
+RNG_KEY = "omnibert_rng_states"
+
+
+class InitFromError(ValueError):
+    """``init_from`` names something that cannot initialise this model."""
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain Python containers (dicts, lists, scalars); OmegaConf nodes resolved."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def collect_rng_states() -> dict[str, Any]:
+    """Global RNG states as tensors, ints and strings only (``weights_only`` loadable)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, py_state, py_gauss = random.getstate()
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: Mapping[str, Any]) -> None:
+    """Inverse of :func:`collect_rng_states`."""
+    torch.set_rng_state(states["torch"])
+    np_state = states["numpy"]
+    np.random.set_state(
+        (
+            np_state["kind"],
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["gauss"],
+        )
+    )
+    py = states["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class PretrainingTask(pl.LightningModule):
+    """BERT pretraining (MLM + NSP) with LAMB/AdamW and a per-step LR schedule.
+
+    Args:
+        model_config: :class:`~omnibert.models.BertConfig` fields (``vocab_size`` resolved).
+        optimizer: a ``_partial_`` optimiser config, called with ``model.named_parameters()``.
+        schedule: a ``_partial_`` LR-scheduler config called with the optimiser, stepped
+            every optimiser step; ``None`` keeps the LR constant.
+        init_from: initial weights for a fresh run, applied by :meth:`load_initial_weights`:
+            a Hugging Face BERT directory, or a Lightning ``.ckpt`` of an earlier phase
+            (weights only; the optimiser and schedule start fresh).
+        vocab_file: the vocab.txt the data was tokenised with (kept for exports).
+        clip_grad_per_micro_batch: clip each micro-batch's gradient to this global norm
+            before accumulation (MLPerf TF order, ``optimizer=lamb_mlperf``); ``None``: off.
+    """
+
+    def __init__(
+        self,
+        model_config: Mapping[str, Any],
+        optimizer: Mapping[str, Any],
+        schedule: Mapping[str, Any] | None = None,
+        init_from: str | None = None,
+        vocab_file: str | None = None,
+        clip_grad_per_micro_batch: float | None = None,
+    ) -> None:
+        super().__init__()
+        config = BertConfig(**plain(model_config))
+        hparams = {
+            "model_config": dataclasses.asdict(config),
+            "optimizer": plain(optimizer),
+            "schedule": plain(schedule),
+            "init_from": None if init_from is None else str(init_from),
+            "vocab_file": None if vocab_file is None else str(vocab_file),
+            "clip_grad_per_micro_batch": clip_grad_per_micro_batch,
+        }
+        self.save_hyperparameters(hparams)
+        self.config = config
+        self.model = BertForPreTraining(config)
+        self.val_sums = nn.ModuleDict({k: SumMetric(nan_strategy="disable") for k in VAL_SUMS})
+        self.clipper: MicroBatchClipper | None = None
+        self.last_validation: dict[str, float] | None = None
+        self._train_sums: Tensor | None = None
+
+    # ------------------------------------------------------------------ weights
+    def load_initial_weights(self) -> str | None:
+        """Apply ``init_from`` (fresh runs only; a resume takes the weights from its checkpoint).
+
+        Returns a one-line description of what was loaded, or ``None`` without ``init_from``.
+        """
+        source = self.hparams["init_from"]
+        if source is None:
+            return None
+        path = Path(source)
+        if path.is_dir():
+            from omnibert.convert.hf import init_from_hf
+
+            report = init_from_hf(self.model, path)
+            return f"Hugging Face weights from {path}: {report}"
+        if path.is_file():
+            from omnibert.convert.hf import TIED_KEYS, load_pretraining_checkpoint
+
+            config, state_dict, _ = load_pretraining_checkpoint(path)
+            self._check_compatible(config, path)
+            result = self.model.load_state_dict(state_dict, strict=False)
+            missing = [k for k in result.missing_keys if k not in TIED_KEYS]
+            if missing or result.unexpected_keys:  # pragma: no cover - checked by the loader
+                raise InitFromError(
+                    f"init_from={path} lacks {missing[:1]} / has extra "
+                    f"{result.unexpected_keys[:1]}; pass a checkpoint of this model."
+                )
+            return f"weights of {path} (fresh optimiser and schedule)"
+        raise InitFromError(
+            f"init_from={source} does not exist; point it at a Hugging Face BERT directory or "
+            "a .ckpt written by omnibert-train."
+        )
+
+    def _check_compatible(self, other: BertConfig, path: Path) -> None:
+        diffs = architecture_diffs(dataclasses.asdict(other), dataclasses.asdict(self.config))
+        if diffs:
+            raise InitFromError(
+                f"init_from={path} holds a different architecture: {', '.join(diffs)}; use the "
+                "same model config as the run that wrote it."
+            )
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        out = self.model(batch)
+        stats = torch.stack([out[k].detach().float() for k in TRAIN_STATS[:-1]])
+        stats = torch.cat([stats, stats.new_ones(1)])
+        self._train_sums = stats if self._train_sums is None else self._train_sums + stats
+        loss: Tensor = out["loss"]
+        return loss
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        if self.clipper is not None:
+            self.clipper.before_backward()
+
+    def on_after_backward(self) -> None:
+        if self.clipper is not None:
+            self.clipper.after_backward()
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        sums, self._train_sums = self._train_sums, None
+        every = int(getattr(self.trainer, "log_every_n_steps", 0))
+        if sums is None or every <= 0 or (self.trainer.global_step + 1) % every:
+            return
+        sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        s = dict(zip(TRAIN_STATS, sums, strict=True))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        metrics = {
+            "train/mlm_loss": s["mlm_loss"] / s["n"],
+            "train/nsp_loss": s["nsp_loss"] / s["n"],
+            "train/mlm_acc": s["mlm_correct"] / s["mlm_count"].clamp(min=1.0),
+            "train/nsp_acc": s["nsp_correct"] / s["nsp_count"].clamp(min=1.0),
+            "train/grad_norm": global_grad_norm(grads),
+            "train/lr": float(optimizer.param_groups[0]["lr"]),
+        }
+        self.log("train/loss", s["loss"] / s["n"], on_step=True, on_epoch=False, prog_bar=True)
+        self.log_dict(metrics, on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------ validation
+    def _val_sum(self, name: str) -> SumMetric:
+        return cast(SumMetric, self.val_sums[name])
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        out = self.model(batch)
+        for key in ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count"):
+            self._val_sum(key).update(out[key].detach().float())
+        # the losses are weighted means over the batch's real slots: weight them back
+        self._val_sum("mlm_loss").update((out["mlm_loss"] * out["mlm_count"]).detach().float())
+        self._val_sum("nsp_loss").update((out["nsp_loss"] * out["nsp_count"]).detach().float())
+
+    def on_validation_epoch_end(self) -> None:
+        sums = {k: self._val_sum(k).compute() for k in VAL_SUMS}  # synced over ranks
+        for key in VAL_SUMS:
+            self._val_sum(key).reset()
+        mlm_loss = sums["mlm_loss"] / sums["mlm_count"]
+        nsp_loss = sums["nsp_loss"] / sums["nsp_count"]
+        metrics = {
+            "val/mlm_acc": sums["mlm_correct"] / sums["mlm_count"],
+            "val/nsp_acc": sums["nsp_correct"] / sums["nsp_count"],
+            "val/mlm_loss": mlm_loss,
+            "val/nsp_loss": nsp_loss,
+            "val/loss": mlm_loss + nsp_loss,
+            "val/mlm_count": sums["mlm_count"],
+            "val/nsp_count": sums["nsp_count"],
+        }
+        self.log("val/mlm_acc", metrics.pop("val/mlm_acc"), prog_bar=True)
+        self.log_dict(metrics)
+        self.last_validation = {"step": float(self.global_step)}
+        self.last_validation |= {k: float(v) for k, v in metrics.items()}
+        self.last_validation["val/mlm_acc"] = float(sums["mlm_correct"] / sums["mlm_count"])
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self) -> Any:
+        optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
+            self.model.named_parameters()
+        )
+        clip = self.hparams["clip_grad_per_micro_batch"]
+        if clip is not None:
+            self.clipper = MicroBatchClipper(
+                self.model.parameters(),
+                float(clip),
+                grads_prescaled_by=self.trainer.accumulate_grad_batches,
+            )
+        if self.hparams["schedule"] is None:
+            return optimizer
+        scheduler = instantiate(self.hparams["schedule"], _convert_="all")(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RNG_KEY] = collect_rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # only when a Trainer resumes: load_from_checkpoint must not reseed the caller's RNGs
+        if RNG_KEY in checkpoint and self._trainer is not None:
+            restore_rng_states(checkpoint[RNG_KEY])
