@@ -1,12 +1,16 @@
-"""`make demo`: the data pipeline end to end on the embedded corpus, as a user would run it.
+"""`make demo`: data preparation, pretraining, evaluation and export, end to end on CPU.
 
 1. build the embedded corpus (Python standard-library docstrings: 2 train files + eval.txt);
 2. ``omnibert-prepare`` trains a WordPiece vocab on it and writes seq-128 training shards
-   with 2 worker processes;
-3. ``omnibert-prepare`` writes the held-out evaluation set (first 1,000 instances of eval.txt);
-4. loads both with ``datasets.load_from_disk`` and prints a summary.
+   with 2 worker processes, then the held-out evaluation set (first 1,000 instances of eval.txt);
+3. ``omnibert-train experiment=demo`` pretrains bert-tiny with LAMB (MLM + NSP) and evaluates
+   masked-LM accuracy on the whole held-out set;
+4. ``omnibert-export`` writes a Hugging Face ``BertForPreTraining`` directory;
+5. prints a summary: steps, time, held-out masked-LM accuracy next to always predicting the
+   most frequent masked token, throughput, and where everything went.
 
-Everything lands in ``outputs/demo/``; a second run reuses what is already there.
+Everything lands in ``outputs/demo/``; a second run reuses the data and resumes the training
+run from its last checkpoint (which, when finished, only re-evaluates).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "demo"
+RUNS = OUT / "runs"  # omnibert-train's paths.output_root: RUNS/demo/checkpoints/last.ckpt
 
 
 def run(args: list[str]) -> None:
@@ -27,14 +32,13 @@ def run(args: list[str]) -> None:
 
 
 def main() -> None:
-    import datasets
-
     from omnibert.data.corpus import build_embedded_corpus
+    from omnibert.data.stats import majority_baseline
 
     start = time.perf_counter()
     corpus = build_embedded_corpus(OUT / "corpus", num_train_files=2)
     print(corpus)
-    prepare = str(Path(sys.executable).with_name("omnibert-prepare"))
+    bindir = Path(sys.executable).parent
     vocab = OUT / "vocab.txt"
     train_files = ",".join(str(p) for p in corpus.train_files)
     common = [
@@ -42,8 +46,9 @@ def main() -> None:
         "max_seq_length=128",
         "max_predictions_per_seq=20",
         "dupe_factor=5",
-        "hydra.run.dir=outputs/demo/logs/${now:%Y-%m-%d_%H-%M-%S}",
+        "hydra.run.dir=outputs/demo/logs/prepare-${now:%Y-%m-%d_%H-%M-%S}",
     ]
+    prepare = str(bindir / "omnibert-prepare")
     run(
         [
             prepare,
@@ -64,26 +69,68 @@ def main() -> None:
             *common,
         ]
     )
-    train = datasets.load_from_disk(str(OUT / "train"))
-    evaluation = datasets.load_from_disk(str(OUT / "eval"))
+    prepared = time.perf_counter()
+
+    last = RUNS / "demo" / "checkpoints" / "last.ckpt"
+    train_log = OUT / "logs" / time.strftime("train-%Y-%m-%d_%H-%M-%S")
+    run(
+        [
+            str(bindir / "omnibert-train"),
+            "experiment=demo",
+            f"paths.output_root={RUNS}",
+            f"hydra.run.dir={train_log}",
+            *(["ckpt_path=last"] if last.is_file() else []),
+        ]
+    )
+    trained = time.perf_counter()
+    hf_dir = OUT / "hf"
+    run(
+        [
+            str(bindir / "omnibert-export"),
+            f"ckpt={last}",
+            f"out={hf_dir}",
+            "overwrite=true",
+            "hydra.run.dir=outputs/demo/logs/export-${now:%Y-%m-%d_%H-%M-%S}",
+        ]
+    )
+
+    summary = json.loads((train_log / "summary.json").read_text())
+    validation = summary["validation"]
+    speed = summary["throughput"]
+    baseline = majority_baseline(OUT / "train", OUT / "eval")
     meta = json.loads((OUT / "train" / "metadata.json").read_text())
-    hist = meta["sequence_length_histogram"]
-    full = hist[-1] / max(1, sum(hist))
+    accuracy = validation["val/mlm_acc"]
     print()
     print("demo summary")
-    print(f"  vocab:        {vocab} ({meta['vocab']['size']} tokens)")
     print(
-        f"  train shards: {OUT / 'train'}: {len(train):,} instances, {meta['counts']['tokens']:,} tokens"
+        f"  data          {meta['counts']['instances']:,} training instances (seq 128) from "
+        f"{meta['counts']['documents']:,} documents, vocab {meta['vocab']['size']:,} tokens "
+        f"({prepared - start:.0f} s)"
     )
     print(
-        f"                {full:.0%} of instances fill all 128 positions (shorter ones carry padding; packing recovers it)"
+        f"  training      bert-tiny, {summary['steps']} LAMB steps of "
+        f"{summary['plan']['batch']['global_batch_size']} sequences in {summary['fit_seconds']:.0f} s"
+        + (
+            f", {speed['samples_per_sec']:.0f} sequences/s, "
+            f"{speed['real_tokens_per_sec']:,.0f} real tokens/s"
+            if speed.get("samples_per_sec")
+            else ""
+        )
     )
-    print(f"  eval set:     {OUT / 'eval'}: {len(evaluation):,} instances")
     print(
-        f"  first train instance: {len(train[0]['input_ids'])} tokens, masked at {train[0]['masked_lm_positions']}"
+        f"  held-out MLM  accuracy {accuracy:.3f} on {baseline.eval_masked:,} masked tokens; "
+        f"always predicting the most frequent masked token scores {baseline.accuracy:.3f} "
+        f"({accuracy / baseline.accuracy:.1f}x)"
     )
-    print(f"  load with:    datasets.load_from_disk('{OUT / 'train'}')")
-    print(f"  total:        {time.perf_counter() - start:.1f} s")
+    print(f"  held-out NSP  accuracy {validation['val/nsp_acc']:.3f} (chance 0.5)")
+    print(f"  checkpoints   {summary['checkpoint_dir']}")
+    print(f"  export        {hf_dir} (transformers.BertForPreTraining.from_pretrained)")
+    print(
+        f"  total         {time.perf_counter() - start:.0f} s "
+        f"(prepare {prepared - start:.0f} s, train+eval {trained - prepared:.0f} s)"
+    )
+    if accuracy <= baseline.accuracy:
+        sys.exit("demo: the trained model did not beat the majority-token baseline")
 
 
 if __name__ == "__main__":
