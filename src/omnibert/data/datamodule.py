@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -83,6 +83,55 @@ def build_loader(
         persistent_workers=num_workers > 0,
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+class _LoaderSettings(Protocol):
+    """What :func:`train_loader` / :func:`eval_loader` read from a pretraining data module."""
+
+    trainer: Any
+    max_seq_length: int
+    max_predictions_per_seq: int
+    micro_batch_size: int
+    eval_micro_batch_size: int
+    num_workers: int
+    seed: int
+    shuffle: bool
+    pin_memory: bool
+    rank: int
+    world_size: int
+
+
+def train_loader(module: _LoaderSettings, rows: Dataset[Any], num_rows: int) -> DataLoader[Any]:
+    """The resumable, per-rank training loader of a data module over ``rows``."""
+    sampler = ResumableBatchSampler(
+        num_rows,
+        module.micro_batch_size,
+        shuffle=module.shuffle,
+        seed=module.seed,
+        drop_last=True,
+        num_replicas=module.world_size,
+        rank=module.rank,
+    )
+    sampler.batches_per_epoch = lightning_epoch_batches(module.trainer, len(sampler))
+    collator = PretrainingCollator(module.max_seq_length, module.max_predictions_per_seq)
+    return build_loader(
+        rows, collator, sampler, num_workers=module.num_workers, seed=module.seed,
+        pin_memory=module.pin_memory,
+    )  # fmt: skip
+
+
+def eval_loader(module: _LoaderSettings, rows: Dataset[Any], num_rows: int) -> DataLoader[Any]:
+    """In-order, full-size (zero-weight padded) evaluation batches of this rank's share."""
+    sampler = EvalBatchSampler(
+        num_rows, module.eval_micro_batch_size, num_replicas=module.world_size, rank=module.rank
+    )
+    collator = PretrainingCollator(
+        module.max_seq_length, module.max_predictions_per_seq, module.eval_micro_batch_size
+    )
+    return build_loader(
+        rows, collator, sampler, num_workers=module.num_workers, seed=module.seed,
+        pin_memory=module.pin_memory,
+    )  # fmt: skip
 
 
 def lightning_epoch_batches(trainer: pl.Trainer | None, batches: int) -> int | None:
@@ -534,40 +583,9 @@ class PretrainingDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         dataset = self._load("train")
-        sampler = ResumableBatchSampler(
-            len(dataset),
-            self.micro_batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            drop_last=True,
-            num_replicas=self.world_size,
-            rank=self.rank,
-        )
-        sampler.batches_per_epoch = lightning_epoch_batches(self.trainer, len(sampler))
-        collator = PretrainingCollator(self.max_seq_length, self.max_predictions_per_seq)
-        return build_loader(
-            ArrowRows(dataset),
-            collator,
-            sampler,
-            num_workers=self.num_workers,
-            seed=self.seed,
-            pin_memory=self.pin_memory,
-        )
+        return train_loader(self, ArrowRows(dataset), len(dataset))
 
     def val_dataloader(self) -> DataLoader[Any] | list[Any]:
         if self.eval_path is None:
             return []
-        dataset = ArrowRows(self._load("eval"))
-        sampler = EvalBatchSampler(
-            self.num_eval_samples,
-            self.eval_micro_batch_size,
-            num_replicas=self.world_size,
-            rank=self.rank,
-        )
-        collator = PretrainingCollator(
-            self.max_seq_length, self.max_predictions_per_seq, self.eval_micro_batch_size
-        )
-        return build_loader(
-            dataset, collator, sampler, num_workers=self.num_workers, seed=self.seed,
-            pin_memory=self.pin_memory,
-        )  # fmt: skip
+        return eval_loader(self, ArrowRows(self._load("eval")), self.num_eval_samples)

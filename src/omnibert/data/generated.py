@@ -24,9 +24,8 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader
 
-from omnibert.data.collate import PretrainingCollator, RowBlock
-from omnibert.data.datamodule import DataConfigError, build_loader, lightning_epoch_batches
-from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler
+from omnibert.data.collate import RowBlock
+from omnibert.data.datamodule import DataConfigError, eval_loader, train_loader
 
 __all__ = ["GeneratedDataModule", "GeneratedRows"]
 
@@ -238,39 +237,9 @@ class GeneratedDataModule(pl.LightningDataModule):
         self.check()
 
     def train_dataloader(self) -> DataLoader[Any]:
-        sampler = ResumableBatchSampler(
-            self._num_train_samples,
-            self.micro_batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            drop_last=True,
-            num_replicas=self.world_size,
-            rank=self.rank,
-        )
-        sampler.batches_per_epoch = lightning_epoch_batches(self.trainer, len(sampler))
-        collator = PretrainingCollator(self.max_seq_length, self.max_predictions_per_seq)
-        return build_loader(
-            self.rows("train"),
-            collator,
-            sampler,
-            num_workers=self.num_workers,
-            seed=self.seed,
-            pin_memory=self.pin_memory,
-        )
+        return train_loader(self, self.rows("train"), self._num_train_samples)
 
     def val_dataloader(self) -> DataLoader[Any] | list[Any]:
         if self._num_eval_samples == 0:
             return []
-        sampler = EvalBatchSampler(
-            self._num_eval_samples,
-            self.eval_micro_batch_size,
-            num_replicas=self.world_size,
-            rank=self.rank,
-        )
-        collator = PretrainingCollator(
-            self.max_seq_length, self.max_predictions_per_seq, self.eval_micro_batch_size
-        )
-        return build_loader(
-            self.rows("eval"), collator, sampler, num_workers=self.num_workers, seed=self.seed,
-            pin_memory=self.pin_memory,
-        )  # fmt: skip
+        return eval_loader(self, self.rows("eval"), self._num_eval_samples)
