@@ -5,12 +5,10 @@ Wiring only: compose the config, read the checkpoint, :func:`omnibert.convert.hf
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.config import CONF_DIR
+from omnibert.config import CONF_DIR, exit_on
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 
 
@@ -40,11 +38,8 @@ def run(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
+    with exit_on("omnibert-export", ConversionError):
         run(cfg)
-    except ConversionError as err:
-        print(f"omnibert-export: error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 def main() -> None:

@@ -6,13 +6,12 @@ Wiring only: compose the config, check it, run :func:`omnibert.data.pipeline.pre
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.config import CONF_DIR
+from omnibert.config import CONF_DIR, exit_on
 from omnibert.data.instances import InstanceSettings
 from omnibert.data.pipeline import PrepareError, expand_input_files, prepare
 from omnibert.data.vocab import VocabError
@@ -76,11 +75,8 @@ def run(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="prepare")
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
+    with exit_on("omnibert-prepare", PrepareError, VocabError):
         run(cfg)
-    except (PrepareError, VocabError) as err:
-        print(f"omnibert-prepare: error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -22,7 +21,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from omnibert.config import CONF_DIR
+from omnibert.config import CONF_DIR, exit_on
 from omnibert.tasks.plan import (
     BatchPlan,
     TrainConfigError,
@@ -271,11 +270,8 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
 
 def run_or_exit(cfg: DictConfig, output_dir: Path | None) -> dict[str, Any]:
     """:func:`run`, turning a configuration problem into one line on stderr and exit code 2."""
-    try:
+    with exit_on("omnibert-train", *_user_errors()):
         return run(cfg, output_dir)
-    except _user_errors() as err:
-        print(f"omnibert-train: error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pretrain")

@@ -9,6 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Activations the encoder implements (Hugging Face names). ``gelu`` is the exact (erf) GELU.
+# integer fields that fix the parameters' shapes and meaning
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
@@ -40,16 +50,7 @@ class BertConfig:
     pad_vocab_size_multiple: int = 8
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-            "pad_vocab_size_multiple",
-        ):
+        for name in (*ARCHITECTURE_FIELDS, "pad_vocab_size_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BertConfigError(
@@ -154,17 +155,8 @@ class BertConfig:
 
     def architecture_mismatches(self, other: BertConfig) -> list[str]:
         """``key=ours vs theirs`` for every field that changes the parameters or their meaning."""
-        keys = (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        )
         return [
             f"{key}={getattr(self, key)} vs {getattr(other, key)}"
-            for key in keys
+            for key in ARCHITECTURE_FIELDS
             if getattr(self, key) != getattr(other, key)
         ]
