@@ -96,6 +96,12 @@ def main() -> None:
     parser.add_argument("--no-scipy", action="store_true", help="skip the scipy NNLS peer")
     parser.add_argument("--no-depth4", action="store_true", help="skip NNLSHP at depth 4")
     parser.add_argument("--no-lengths", action="store_true", help="skip pack_lengths timing")
+    parser.add_argument(
+        "--online-sample",
+        type=int,
+        default=262144,
+        help="sequences drawn from the histogram for the online-packing table (0: skip)",
+    )
     args = parser.parse_args()
 
     data = json.loads(args.histogram.read_text())
@@ -138,6 +144,37 @@ def main() -> None:
             f"pack_lengths (lpfhp, max 12, seed 0) on all {total} sequences: {len(packs)} packs "
             f"in {seconds:.2f} s"
         )
+
+    if args.online_sample:
+        online_table(np.repeat(lengths, counts), args.online_sample)
+
+
+def online_table(population: Any, size: int) -> None:
+    """Online packing (data.packing=online): efficiency of packing windows of a shuffled
+    stream, per window (buffer) size and algorithm, at K=3 and P=80 (seq 512, 76 masks)."""
+    from omnibert.data.packing.online import pack_window
+
+    rng = np.random.default_rng(0)
+    stream = rng.choice(population, size)
+    masks = np.minimum(76, np.maximum(1, np.rint(stream * 0.15))).astype(np.int64)
+    print(
+        f"\nonline packing, K=3, P=80: {size} sequences drawn from the histogram (unpacked "
+        f"efficiency {stream.sum() / (stream.size * 512):.4f})"
+    )
+    print(f"{'algorithm':<10}{'buffer':>8}{'efficiency':>12}{'seq/row':>9}{'us/seq':>9}")
+    for algorithm in ("bfd", "nnlshp"):
+        for buffer in (1024, 4096, 16384, 65536):
+            pack_window(stream[:buffer], masks[:buffer], 512, 3, 80, algorithm, seed=0)  # warm
+            start, rows = time.perf_counter(), 0
+            for at in range(0, size, buffer):
+                window = slice(at, at + buffer)
+                offsets = pack_window(stream[window], masks[window], 512, 3, 80, algorithm, 0)[0]
+                rows += offsets.size - 1
+            seconds = time.perf_counter() - start
+            print(
+                f"{algorithm:<10}{buffer:>8}{stream.sum() / (rows * 512):>12.4f}"
+                f"{size / rows:>9.3f}{seconds / size * 1e6:>9.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -415,6 +415,9 @@ def test_data_configs_instantiate(name: str, data: dict[str, Path], tmp_path: Pa
     from omegaconf import OmegaConf
 
     yaml = OmegaConf.load(CONF / f"{name}.yaml")
+    assert OmegaConf.to_container(yaml.pop("defaults")) == [{"pack": "default"}, "_self_"]
+    yaml = OmegaConf.merge(OmegaConf.load(CONF / "pack" / "default.yaml"), yaml)
+    assert yaml.packing == "none"
     assert "micro_batch_size" not in yaml and "eval_micro_batch_size" not in yaml
     if name != "generated":
         assert OmegaConf.is_missing(yaml, "train_path") and OmegaConf.is_missing(yaml, "eval_path")

@@ -39,6 +39,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from omnibert.data.collate import ArrowRows, PretrainingCollator
 from omnibert.data.formats.convert import HDF5_SUFFIXES, TFRECORD_SUFFIXES
+from omnibert.data.packed import PackedData, PackingSettings, batch_shapes
 from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler
 from omnibert.data.shards import COLUMNS
 
@@ -64,7 +65,7 @@ class DataConfigError(ValueError):
 def build_loader(
     dataset: Dataset[Any],
     collator: PretrainingCollator,
-    sampler: ResumableBatchSampler | EvalBatchSampler,
+    sampler: Any,
     *,
     num_workers: int,
     seed: int,
@@ -73,7 +74,7 @@ def build_loader(
     """A loader over ``sampler``'s batches: a torchdata ``StatefulDataLoader`` (its position is
     saved in Lightning checkpoints) for the resumable training sampler, a plain ``DataLoader``
     for evaluation. Its own seeded generator leaves torch's global RNG untouched."""
-    loader = StatefulDataLoader if isinstance(sampler, ResumableBatchSampler) else DataLoader
+    loader = DataLoader if isinstance(sampler, EvalBatchSampler) else StatefulDataLoader
     return loader(
         dataset,
         batch_sampler=sampler,
@@ -99,21 +100,41 @@ class _LoaderSettings(Protocol):
     pin_memory: bool
     rank: int
     world_size: int
+    packing: PackingSettings
+
+    @property
+    def predictions_per_pack(self) -> int: ...
+
+    def train_batch_sampler(
+        self, batch_size: int | None = None, rank: int | None = None
+    ) -> Any: ...
 
 
 def train_loader(module: _LoaderSettings, rows: Dataset[Any], num_rows: int) -> DataLoader[Any]:
-    """The resumable, per-rank training loader of a data module over ``rows``."""
-    sampler = ResumableBatchSampler(
-        num_rows,
-        module.micro_batch_size,
-        shuffle=module.shuffle,
-        seed=module.seed,
-        drop_last=True,
-        num_replicas=module.world_size,
-        rank=module.rank,
-    )
+    """The resumable, per-rank training loader of a data module over ``rows`` (packed rows
+    when ``data.packing`` is on: see :mod:`omnibert.data.packed`)."""
+    sampler: Any
+    if module.packing.enabled:
+        sampler = module.train_batch_sampler()
+    else:
+        sampler = ResumableBatchSampler(
+            num_rows,
+            module.micro_batch_size,
+            shuffle=module.shuffle,
+            seed=module.seed,
+            drop_last=True,
+            num_replicas=module.world_size,
+            rank=module.rank,
+        )
     sampler.batches_per_epoch = lightning_epoch_batches(module.trainer, len(sampler))
-    collator = PretrainingCollator(module.max_seq_length, module.max_predictions_per_seq)
+    collator = PretrainingCollator(
+        module.max_seq_length,
+        module.max_predictions_per_seq,
+        max_sequences_per_pack=module.packing.max_sequences_per_pack
+        if module.packing.enabled
+        else 1,
+        max_predictions_per_pack=module.predictions_per_pack,
+    )
     return build_loader(
         rows, collator, sampler, num_workers=module.num_workers, seed=module.seed,
         pin_memory=module.pin_memory,
@@ -290,7 +311,7 @@ def _compare_settings(train: _Split, other: _Split) -> None:
         )
 
 
-class PretrainingDataModule(pl.LightningDataModule):
+class PretrainingDataModule(PackedData, pl.LightningDataModule):
     """Pretraining batches from ``omnibert-prepare`` Arrow shards, MLPerf TFRecords or NVIDIA
     HDF5 shards (see the module docstring). Rank and world size come from the Trainer in
     :meth:`setup`; build the Trainer with ``use_distributed_sampler=False``."""
@@ -312,8 +333,12 @@ class PretrainingDataModule(pl.LightningDataModule):
         eval_samples: int | None = None,
         pin_memory: bool = False,
         cache_dir: str | None = None,
+        packing: str = "none",
+        pack: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self._packing_config = (packing, dict(pack or {}))
+        self.packing = PackingSettings()
         self.train_path = None if train_path is None else str(train_path)
         self.eval_path = None if eval_path is None else str(eval_path)
         self.format = format
@@ -352,6 +377,12 @@ class PretrainingDataModule(pl.LightningDataModule):
         ):
             if value is not None and value < low:
                 raise DataConfigError(f"{key}={value} must be at least {low}; fix {key}.")
+        self.packing = PackingSettings.parse(*self._packing_config, DataConfigError)
+        if self.packing.mode == "offline" and self.format != "arrow":
+            raise DataConfigError(
+                f"data.packing=offline reads a pack index that omnibert-prepare writes next to "
+                f"its Arrow shards, and data.format={self.format}; use data.packing=online."
+            )
         if self.vocab_file is not None and self._vocab is None:
             self._vocab = _read_vocab(self.vocab_file)
         if "train" not in self._splits:
@@ -360,6 +391,8 @@ class PretrainingDataModule(pl.LightningDataModule):
             self._splits["eval"] = self._inspect("eval", "data.eval_path", self.eval_path)
             _compare_settings(self._splits["train"], self._splits["eval"])
         self._check_sizes()
+        if self.packing.mode == "offline":
+            self.pack_index()
 
     def _inspect(self, name: str, key: str, path: str | None) -> _Split:
         if path is None or path in ("", "???"):
@@ -504,6 +537,45 @@ class PretrainingDataModule(pl.LightningDataModule):
             self._datasets[name] = _load_arrow(self._splits[name].key, self._splits[name])
         return self._datasets[name]
 
+    # ------------------------------------------------------------------ packing
+
+    @property
+    def masked_lm_prob(self) -> float | None:
+        """The masking rate the training data was prepared with (None when unrecorded)."""
+        settings = (self._splits["train"].metadata or {}).get("settings") or {}
+        prob = settings.get("masked_lm_prob")
+        return None if prob is None else float(prob)
+
+    def row_lengths(self) -> tuple[Any, Any]:
+        """Tokens and masked positions of every training row (from the Arrow offsets)."""
+        cache = self._packed()
+        if "lengths" not in cache:
+            from omnibert.data.pack_index import row_lengths
+
+            cache["lengths"] = row_lengths(self._load("train"))
+        lengths: tuple[Any, Any] = cache["lengths"]
+        return lengths
+
+    def pack_index(self) -> Any:
+        """The offline pack index of the training set (checked against the data)."""
+        cache = self._packed()
+        if "index" not in cache:
+            from omnibert.data.pack_index import PackIndexError, load_pack_index
+
+            split = self._splits["train"]
+            try:
+                cache["index"] = load_pack_index(
+                    split.arrow_dir,
+                    self.packing.index_name(),
+                    rows=split.rows or 0,
+                    fingerprint=str((split.metadata or {}).get("fingerprint")),
+                    max_sequence_length=self.max_seq_length,
+                    max_sequences_per_pack=self.packing.max_sequences_per_pack,
+                )
+            except PackIndexError as err:
+                raise DataConfigError(f"data.packing=offline: {err}") from err
+        return cache["index"]
+
     # ------------------------------------------------------------------ properties
 
     @property
@@ -543,9 +615,11 @@ class PretrainingDataModule(pl.LightningDataModule):
 
     def describe(self) -> dict[str, Any]:
         """Plain facts for logs."""
-        b, s, p = self.micro_batch_size, self.max_seq_length, self.max_predictions_per_seq
+        b, s, p = self.micro_batch_size, self.max_seq_length, self.predictions_per_pack
+        k = self.packing.max_sequences_per_pack if self.packing.enabled else 1
         return {
             "format": self.format,
+            "packing": self.packing_report(),
             "train_path": self.train_path,
             "eval_path": self.eval_path,
             "arrow_dirs": {n: split.arrow_dir for n, split in self._splits.items()},
@@ -556,8 +630,8 @@ class PretrainingDataModule(pl.LightningDataModule):
             "max_predictions_per_seq": p,
             "micro_batch_size": b,
             "eval_micro_batch_size": self.eval_micro_batch_size,
-            "train_batches_per_epoch": self.num_train_samples // self.world_size // b,
-            "shapes": {"input_ids": [b, s], "masked_lm_positions": [b, p], "nsp_labels": [b, 1]},
+            "train_batches_per_epoch": self.num_train_rows // self.world_size // b,
+            "shapes": batch_shapes(b, s, p, k),
             "num_workers": self.num_workers,
             "shuffle": self.shuffle,
             "seed": self.seed,

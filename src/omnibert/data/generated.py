@@ -14,7 +14,9 @@ Special ids follow Google's uncased BERT vocab (``[PAD]`` 0, ``[CLS]`` 101, ``[S
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,8 +26,9 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader
 
-from omnibert.data.collate import RowBlock
+from omnibert.data.collate import RowBlock, flatten_packs
 from omnibert.data.datamodule import DataConfigError, eval_loader, train_loader
+from omnibert.data.packed import PackedData, PackingSettings, batch_shapes
 
 __all__ = ["GeneratedDataModule", "GeneratedRows"]
 
@@ -57,8 +60,19 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         max_predictions_per_seq: int,
         seed: int,
         split: int = 0,
+        length_histogram: Sequence[int] | None = None,
     ) -> None:
         self.num_samples = num_samples
+        self._length_cdf: FloatArray | None = None
+        if length_histogram is not None:
+            counts = np.asarray(length_histogram, dtype=np.float64)[:max_seq_length]
+            counts[: MIN_SEQ_LENGTH - 1] = 0.0  # [CLS] a [SEP] b [SEP] needs 5 tokens
+            if counts.sum() <= 0:
+                raise ValueError(
+                    f"length_histogram has no sequences of {MIN_SEQ_LENGTH}..{max_seq_length} "
+                    "tokens."
+                )
+            self._length_cdf = np.cumsum(counts) / counts.sum()
         self.vocab_size = vocab_size
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq = max_predictions_per_seq
@@ -77,18 +91,41 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         bits = _mix(keys[:, None] + counter[None, :] * np.uint64(0x9E3779B97F4A7C15))
         return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
-    def __getitems__(self, indices: Sequence[int]) -> RowBlock:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    def _keys(self, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        base = _mix(np.array([self.seed & (2**64 - 1)], dtype=np.uint64) + np.uint64(self.split))
+        return _mix(base + idx.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03))
+
+    def _sizes(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Tokens and masked positions of the rows with these keys."""
+        s, p = self.max_seq_length, self.max_predictions_per_seq
+        short = self._uniform(keys, 0, 2)
+        if self._length_cdf is not None:  # drawn from the histogram (inverse CDF)
+            length = 1 + np.searchsorted(self._length_cdf, short[:, 1], side="right")
+            length = np.minimum(length, s).astype(np.int64)
+        else:  # full, or uniform in [MIN_SEQ_LENGTH, s] for 10% of the rows
+            span = np.floor(short[:, 1] * (s - MIN_SEQ_LENGTH + 1)).astype(np.int64)
+            length = np.where(short[:, 0] < 0.1, MIN_SEQ_LENGTH + span, s)
+        count = np.minimum(np.maximum(1, np.rint(length * 0.15).astype(np.int64)), p)
+        return length, count
+
+    def row_lengths(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Tokens and masked positions of every row (what packing needs), in row order."""
+        parts = [
+            self._sizes(self._keys(np.arange(a, min(a + 65536, self.num_samples))))
+            for a in range(0, self.num_samples, 65536)
+        ]
+        return np.concatenate([t for t, _ in parts]), np.concatenate([m for _, m in parts])
+
+    def __getitems__(self, indices: Sequence[Any]) -> RowBlock:
+        idx, pack_sizes = flatten_packs(indices)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
             raise IndexError(f"rows {indices} reach outside [0, {self.num_samples})")
         n, s, p = idx.size, self.max_seq_length, self.max_predictions_per_seq
-        base = _mix(np.array([self.seed & (2**64 - 1)], dtype=np.uint64) + np.uint64(self.split))
-        keys = _mix(base + idx.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03))
+        keys = self._keys(idx)
         col = np.arange(s)[None, :]
-        # lengths: full, or uniform in [MIN_SEQ_LENGTH, s] for 10% of the rows
-        short = self._uniform(keys, 0, 2)
-        span = np.floor(short[:, 1] * (s - MIN_SEQ_LENGTH + 1)).astype(np.int64)
-        length = np.where(short[:, 0] < 0.1, MIN_SEQ_LENGTH + span, s)
+        length, count = self._sizes(keys)
         len_a = 1 + np.floor(self._uniform(keys, 1, 1)[:, 0] * (length - 4)).astype(np.int64)
         words = self.vocab_size - self.first_word
         tokens = self.first_word + np.floor(self._uniform(keys, 2, s) * words).astype(np.int64)
@@ -99,7 +136,6 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         segment_ids = (col > sep_a[:, None]).astype(np.int64)
         # masks: the `count` maskable positions with the smallest random keys, then sorted
         maskable = (col > 0) & (col < last[:, None]) & (col != sep_a[:, None])
-        count = np.minimum(np.maximum(1, np.rint(length * 0.15).astype(np.int64)), p)
         order = np.argsort(np.where(maskable, self._uniform(keys, 3, s), 2.0), axis=1)
         chosen = np.zeros((n, s), dtype=bool)
         k = min(p, s)
@@ -124,14 +160,14 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
                 "next_sentence_label": pa.array(label),
             }
         )
-        return RowBlock(idx, table)
+        return RowBlock(idx, table, pack_sizes)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row: dict[str, Any] = self.__getitems__([index]).table.to_pylist()[0]
         return row
 
 
-class GeneratedDataModule(pl.LightningDataModule):
+class GeneratedDataModule(PackedData, pl.LightningDataModule):
     """Deterministic synthetic pretraining batches with the real data's shapes and dtypes
     (profiling, compile-only runs, tests). Same interface as ``PretrainingDataModule``."""
 
@@ -151,8 +187,14 @@ class GeneratedDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         shuffle: bool = True,
         pin_memory: bool = False,
+        length_histogram: str | None = None,
+        packing: str = "none",
+        pack: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.length_histogram = length_histogram
+        self._packing_config = (packing, dict(pack or {}))
+        self.packing = PackingSettings()
         self._vocab_size = vocab_size
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq = max_predictions_per_seq
@@ -168,6 +210,13 @@ class GeneratedDataModule(pl.LightningDataModule):
 
     def check(self) -> None:
         """Validate the settings; raises :class:`DataConfigError` naming the key."""
+        self.packing = PackingSettings.parse(*self._packing_config, DataConfigError)
+        if self.packing.mode == "offline":
+            raise DataConfigError(
+                "data.packing=offline reads a pack index written next to omnibert-prepare "
+                "shards and data=generated has none; use data.packing=online."
+            )
+        self._histogram()
         for key, value, low in (
             ("data.vocab_size", self._vocab_size, 16),
             ("phase.max_seq_length", self.max_seq_length, MIN_SEQ_LENGTH),
@@ -202,23 +251,64 @@ class GeneratedDataModule(pl.LightningDataModule):
         return self._num_eval_samples
 
     def describe(self) -> dict[str, Any]:
-        b, s, p = self.micro_batch_size, self.max_seq_length, self.max_predictions_per_seq
+        b, s, p = self.micro_batch_size, self.max_seq_length, self.predictions_per_pack
+        k = self.packing.max_sequences_per_pack if self.packing.enabled else 1
         return {
             "format": self.format,
+            "packing": self.packing_report(),
             "train_samples": self._num_train_samples,
             "eval_samples": self._num_eval_samples,
             "vocab_size": self._vocab_size,
+            "length_histogram": self.length_histogram,
             "max_seq_length": s,
-            "max_predictions_per_seq": p,
+            "max_predictions_per_seq": self.max_predictions_per_seq,
             "micro_batch_size": b,
             "eval_micro_batch_size": self.eval_micro_batch_size,
-            "train_batches_per_epoch": self._num_train_samples // self.world_size // b,
-            "shapes": {"input_ids": [b, s], "masked_lm_positions": [b, p], "nsp_labels": [b, 1]},
+            "train_batches_per_epoch": self.num_train_rows // self.world_size // b,
+            "shapes": batch_shapes(b, s, p, k),
             "num_workers": self.num_workers,
             "seed": self.seed,
             "rank": self.rank,
             "world_size": self.world_size,
         }
+
+    def _histogram(self) -> list[int] | None:
+        """``data.length_histogram``: a JSON file with ``counts`` (counts[i] = sequences of
+        i+1 tokens, as ../shared/data/wikipedia_seqlen_histogram_512.json) or an
+        omnibert-prepare metadata.json (its ``sequence_length_histogram``)."""
+        path = self.length_histogram
+        if path is None:
+            return None
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            counts = data.get("counts", data.get("sequence_length_histogram"))
+            if isinstance(counts, str):
+                counts = json.loads(counts)
+            histogram = [int(c) for c in counts]
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            raise DataConfigError(
+                f"data.length_histogram={path} is not a readable JSON file with a 'counts' or "
+                f"'sequence_length_histogram' list ({type(err).__name__}); fix the path or set "
+                "it to null."
+            ) from err
+        if sum(histogram[MIN_SEQ_LENGTH - 1 : self.max_seq_length]) <= 0:
+            raise DataConfigError(
+                f"data.length_histogram={path} has no sequences of {MIN_SEQ_LENGTH}.."
+                f"{self.max_seq_length} tokens; use a histogram for this sequence length."
+            )
+        return histogram
+
+    @property
+    def masked_lm_prob(self) -> float:
+        return 0.15  # GeneratedRows masks 15% of the tokens, as the reference
+
+    def row_lengths(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Tokens and masked positions of every training row."""
+        cache = self._packed()
+        if "lengths" not in cache:
+            cache["lengths"] = self.rows("train").row_lengths()
+        lengths: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] = cache["lengths"]
+        return lengths
 
     def rows(self, split: str = "train") -> GeneratedRows:
         """The synthetic dataset of ``split`` ("train" or "eval")."""
@@ -229,6 +319,7 @@ class GeneratedDataModule(pl.LightningDataModule):
             max_predictions_per_seq=self.max_predictions_per_seq,
             seed=self.seed,
             split=0 if split == "train" else 1,
+            length_histogram=self._histogram(),
         )
 
     def setup(self, stage: str | None = None) -> None:

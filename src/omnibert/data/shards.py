@@ -187,9 +187,9 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 
 def written_by_us(path: Path) -> bool:
     """Whether ``path`` (an entry of an output directory) is one omnibert-prepare writes."""
-    return path.name in (METADATA_FILE, "state.json", "dataset_info.json", PARTS_DIR) or (
-        path.name.startswith("data-") and path.suffix == ".arrow"
-    )
+    # packs/: pack indexes (omnibert.data.pack_index) made for the data being replaced
+    names = (METADATA_FILE, "state.json", "dataset_info.json", PARTS_DIR, "packs")
+    return path.name in names or (path.name.startswith("data-") and path.suffix == ".arrow")
 
 
 def remove_outputs(output_dir: Path) -> None:

@@ -26,13 +26,28 @@ class TrainConfigError(ValueError):
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """``global_batch_size = micro_batch_size · world_size · accumulate_grad_batches``."""
+    """``rows_per_step = micro_batch_size · world_size · accumulate_grad_batches``.
+
+    Unpacked, a row is a sequence and ``rows_per_step == global_batch_size``. Packed,
+    ``global_batch_size`` still counts sequences and ``rows_per_step`` is about
+    ``global_batch_size / sequences_per_row`` (:func:`packed_batch_plan`).
+    """
 
     global_batch_size: int
     world_size: int
     micro_batch_size: int
     accumulate_grad_batches: int
     eval_micro_batch_size: int
+    sequences_per_row: float = 1.0
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.micro_batch_size * self.world_size * self.accumulate_grad_batches
+
+    @property
+    def sequences_per_step(self) -> float:
+        """Average sequences per optimiser step (exactly ``global_batch_size`` unpacked)."""
+        return self.rows_per_step * self.sequences_per_row
 
 
 def _positive_int(key: str, value: Any) -> int:
@@ -71,6 +86,34 @@ def batch_plan(
     evaluation = micro if eval_micro_batch_size is None else eval_micro_batch_size
     evaluation = _positive_int("eval_micro_batch_size", evaluation)
     return BatchPlan(total, world, micro, total // (micro * world), evaluation)
+
+
+def packed_batch_plan(
+    batch: BatchPlan, sequences_per_row: float, micro_batch_size: Any = None
+) -> BatchPlan:
+    """The batch plan when rows hold ``sequences_per_row`` sequences on average.
+
+    ``phase.global_batch_size`` keeps counting sequences, so the learning rate, warmup and
+    step counts of the recipe keep their meaning: a step runs the whole number of
+    ``micro × devices`` row groups nearest to ``global / sequences_per_row`` (at least one),
+    which is how Graphcore and Habana scale the batch by the average packing factor. With
+    ``micro_batch_size`` null the rows are split over the devices without accumulation.
+    """
+    if sequences_per_row <= 0:
+        raise ValueError(f"sequences_per_row={sequences_per_row} must be positive.")
+    rows = batch.global_batch_size / sequences_per_row
+    world = batch.world_size
+    if micro_batch_size is None:
+        micro, accumulate = max(1, round(rows / world)), 1
+    else:
+        micro = _positive_int("micro_batch_size", micro_batch_size)
+        accumulate = max(1, round(rows / (micro * world)))
+    return dataclasses.replace(
+        batch,
+        micro_batch_size=micro,
+        accumulate_grad_batches=accumulate,
+        sequences_per_row=sequences_per_row,
+    )
 
 
 def resolve_clipping(setting: Any, optimizer: Mapping[str, Any]) -> float | None:
@@ -276,7 +319,12 @@ class TrainPlan:
     data: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["batch"].update(
+            rows_per_step=self.batch.rows_per_step,
+            sequences_per_step=self.batch.sequences_per_step,
+        )
+        return out
 
     def rows(self) -> list[tuple[str, str]]:
         b = self.batch
@@ -285,8 +333,24 @@ class TrainPlan:
             if self.val_every_n_steps
             else "at the end"
         )
+        packing = self.data.get("packing") or {}
+        rows = [("global batch", f"{b.global_batch_size} sequences")]
+        if packing.get("mode", "none") != "none":
+            rows += [
+                (
+                    "packing",
+                    f"{packing['mode']}, {b.sequences_per_row:.3f} sequences per row (K="
+                    f"{packing['max_sequences_per_pack']}, P={packing['max_predictions_per_pack']}"
+                    f"), efficiency {packing['efficiency_unpacked']:.3f} -> "
+                    f"{packing['efficiency']:.3f}",
+                ),
+                (
+                    "rows per step",
+                    f"{b.rows_per_step} packed rows ≈ {b.sequences_per_step:.1f} sequences",
+                ),
+            ]
         return [
-            ("global batch", f"{b.global_batch_size} sequences"),
+            *rows,
             ("devices", f"{b.world_size}"),
             ("micro batch", f"{b.micro_batch_size} per device (eval {b.eval_micro_batch_size})"),
             ("accumulation", f"{b.accumulate_grad_batches} micro-batches per step"),

@@ -1,0 +1,167 @@
+"""Real (non-padding) tokens per second of pretraining steps, packed against unpacked.
+
+Same model, weights, precision, optimiser (AdamW), threads and row shape ``[batch, S]`` on
+both sides; only the rows differ: unpacked rows hold one sequence each, packed rows the
+sequences that ``data.packing=online`` puts together (NNLSHP, K=3, windows of
+``--buffer`` sequences). Batches are collated before timing. Within a round the two
+alternate step by step (packed first on odd rounds); warm-up steps are not timed. Prints
+each side's real tokens/s per round, the medians and the median of the per-round ratios.
+
+Two workloads, as issue 4 asks:
+
+    # seq 512, lengths drawn from the Wikipedia histogram (Graphcore's, in ../shared/data)
+    python scripts/bench_packing_train.py --seq 512 --predictions 76 --batch 2
+    # seq 128 on the demo corpus (make demo writes outputs/demo/train)
+    python scripts/bench_packing_train.py --seq 128 --predictions 20 --batch 8 \\
+        --data outputs/demo/train
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnibert.models import BertConfig, BertForPreTraining
+
+SIZES = {"tiny": (2, 128, 2, 512), "small": (4, 512, 8, 2048), "base": (12, 768, 12, 3072)}
+HISTOGRAM = (
+    Path(__file__).resolve().parents[1] / "tests/fixtures/wikipedia_seqlen_histogram_512.json"
+)
+
+
+def batches(args: argparse.Namespace, packing: str) -> tuple[list[dict[str, Any]], int]:
+    """``--warmup + rounds × steps`` collated training batches and the model's vocab size."""
+    pack = {"buffer_size": args.buffer, "algorithm": args.algorithm}
+    common: dict[str, Any] = {
+        "max_seq_length": args.seq,
+        "max_predictions_per_seq": args.predictions,
+        "micro_batch_size": args.batch,
+        "num_workers": 0,
+        "seed": args.seed,
+        "packing": packing,
+        "pack": pack,
+    }
+    module: Any
+    if args.data:
+        from omnibert.data.datamodule import PretrainingDataModule
+
+        module = PretrainingDataModule(train_path=args.data, eval_path=None, **common)
+    else:
+        from omnibert.data.generated import GeneratedDataModule
+
+        module = GeneratedDataModule(
+            vocab_size=30522,
+            num_train_samples=args.samples,
+            length_histogram=str(args.histogram),
+            **common,
+        )
+    module.check()
+    needed = args.warmup + args.rounds * args.steps
+    loader = module.train_dataloader()
+    stream: Iterator[dict[str, Any]] = itertools.chain.from_iterable(itertools.repeat(loader))
+    return list(itertools.islice(stream, needed)), module.vocab_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", choices=sorted(SIZES), default="base")
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--predictions", type=int, default=76)
+    parser.add_argument("--batch", type=int, default=2, help="rows per step (both sides)")
+    parser.add_argument("--data", help="omnibert-prepare output dir (default: generated rows)")
+    parser.add_argument("--histogram", type=Path, default=HISTOGRAM)
+    parser.add_argument("--samples", type=int, default=20000, help="generated rows")
+    parser.add_argument("--buffer", type=int, default=16384)
+    parser.add_argument("--algorithm", default="nnlshp")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per side per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    data = {name: batches(args, name) for name in ("none", "online")}
+    vocab = data["none"][1]
+    layers, hidden, heads, inner = SIZES[args.model]
+    config = BertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inner,
+        max_position_embeddings=max(512, args.seq),
+    )
+    torch.manual_seed(args.seed)
+    first = BertForPreTraining(config)
+    models = {"none": first, "online": BertForPreTraining(config)}
+    models["online"].load_state_dict(first.state_dict())
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-5) for k, m in models.items()}
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    def step(name: str, i: int) -> tuple[float, int, int]:
+        batch = data[name][0][i]
+        start = time.perf_counter()
+        with autocast:
+            loss = models[name](batch)["loss"]
+        loss.backward()
+        optimizers[name].step()
+        optimizers[name].zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
+        return seconds, int((batch["sequence_ids"] > 0).sum()), int(batch["nsp_weights"].sum())
+
+    for i in range(args.warmup):
+        for name in models:
+            step(name, i)
+    fill = {
+        name: sum(int((b["sequence_ids"] > 0).sum()) for b in data[name][0])
+        / (len(data[name][0]) * args.batch * args.seq)
+        for name in models
+    }
+    print(
+        f"bert-{args.model}, seq {args.seq}, {args.batch} rows per step, {args.precision}, "
+        f"{args.threads} threads; rows filled: unpacked {fill['none']:.3f}, packed "
+        f"{fill['online']:.3f} ({args.algorithm}, K=3, buffer {args.buffer})"
+    )
+    rates: dict[str, list[float]] = {name: [] for name in models}
+    sequences: dict[str, int] = {name: 0 for name in models}
+    for r in range(args.rounds):
+        order = ["online", "none"] if r % 2 else ["none", "online"]
+        seconds = dict.fromkeys(models, 0.0)
+        tokens = dict.fromkeys(models, 0)
+        for s in range(args.steps):
+            index = args.warmup + r * args.steps + s
+            for name in order:
+                dt, real, seqs = step(name, index)
+                seconds[name] += dt
+                tokens[name] += real
+                sequences[name] += seqs
+        for name in models:
+            rates[name].append(tokens[name] / seconds[name])
+        ratio = rates["online"][-1] / rates["none"][-1]
+        print(
+            f"round {r}: unpacked {rates['none'][-1]:8.1f}  packed {rates['online'][-1]:8.1f}"
+            f" real tokens/s  ratio {ratio:.2f}x"
+        )
+    ratios = [p / u for p, u in zip(rates["online"], rates["none"], strict=True)]
+    print(
+        f"median real tokens/s: unpacked {statistics.median(rates['none']):.1f}, packed "
+        f"{statistics.median(rates['online']):.1f}; median ratio {statistics.median(ratios):.2f}x "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f}); sequences per step: unpacked "
+        f"{sequences['none'] / (args.rounds * args.steps):.2f}, packed "
+        f"{sequences['online'] / (args.rounds * args.steps):.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
