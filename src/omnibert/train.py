@@ -21,6 +21,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from omnibert.accelerators.profiling import check_profile, profiler_for_run
+from omnibert.accelerators.slurm import check_slurm_layout
 from omnibert.config import CONF_DIR, exit_on
 from omnibert.tasks.plan import (
     BatchPlan,
@@ -31,6 +33,7 @@ from omnibert.tasks.plan import (
     check_optimizer,
     check_resume_target,
     describe_clipping,
+    packed_batch_plan,
     remove_stale_temporaries,
     resolve_ckpt_path,
     resolve_clipping,
@@ -41,6 +44,7 @@ log = logging.getLogger("omnibert.train")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from omnibert.accelerators import AcceleratorError
     from omnibert.convert.hf import ConversionError
     from omnibert.data.datamodule import DataConfigError
     from omnibert.data.samplers import SamplerStateError
@@ -49,6 +53,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     return (
         TrainConfigError,
+        AcceleratorError,
         DataConfigError,
         SamplerStateError,
         BertConfigError,
@@ -122,12 +127,13 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
             "loss-scaled gradients; use bf16-mixed or 32-true."
         )
     clipping = describe_clipping(micro_clip, c["optimizer"], c["trainer"].get("gradient_clip_val"))
-    steps_per_epoch = datamodule.num_train_samples // batch.global_batch_size
+    steps_per_epoch = datamodule.num_train_rows // batch.rows_per_step
     if steps_per_epoch < 1:
         raise TrainConfigError(
-            f"the training set has {datamodule.num_train_samples} sequences, fewer than one "
-            f"global batch (phase.global_batch_size={batch.global_batch_size}); use more data "
-            "or a smaller global batch."
+            f"the training set has {datamodule.num_train_samples} sequences in "
+            f"{datamodule.num_train_rows} rows, fewer than one global batch of "
+            f"{batch.rows_per_step} rows (phase.global_batch_size={batch.global_batch_size}); "
+            "use more data or a smaller global batch."
         )
     cap = c.get("steps_per_epoch")
     if cap is not None:
@@ -163,6 +169,8 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     c = _resolved(cfg)
+    plugin, environment = _accelerator(cfg)
+    check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     acc = c["accelerator"]
     batch = batch_plan(
         c["phase"]["global_batch_size"],
@@ -177,12 +185,22 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         eval_micro_batch_size=batch.eval_micro_batch_size,
     )
     datamodule.check()
+    if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
+        batch = packed_batch_plan(batch, datamodule.sequences_per_row, c.get("micro_batch_size"))
+        datamodule.micro_batch_size = batch.micro_batch_size
+        datamodule.check()
     plan = plan_run(c, datamodule, batch)
 
     print(f"omnibert-train: {c['run_name']}\n{plan.table()}", flush=True)
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+        (output_dir / "environment.json").write_text(json.dumps(environment, indent=2) + "\n")
+    profile = check_profile(c)
+    if c.get("compile_only"):  # build, compile and time one step; report; no training
+        from omnibert.accelerators.compile_only import compile_only
+
+        return compile_only(c, plan, datamodule, plugin, output_dir)
     for name in remove_stale_temporaries(plan.checkpoint_dir):
         log.warning("removed %s, a checkpoint a killed process had not finished writing", name)
 
@@ -196,7 +214,7 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     model_config = {**c["model"]["config"], "vocab_size": plan.vocab_size}
     task = PretrainingTask(
         model_config=model_config,
-        optimizer=c["optimizer"],
+        optimizer=plugin.optimizer_config(c["optimizer"]),
         schedule=c.get("schedule"),
         init_from=plan.init_from,
         vocab_file=getattr(datamodule, "vocab_file", None),
@@ -210,15 +228,26 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     loggers = _instantiate_all(cfg.get("logger"))
+    plugin.compile_model(task.model)
     acc_batches = batch.accumulate_grad_batches
+    # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
+    # the loop counts (IPU: device-side accumulation) override the trainer config's
+    hardware = plugin.trainer_kwargs(plan.precision)
+    hardware_plugins = hardware.pop("plugins")
+    loop = plugin.loop_kwargs(
+        acc_batches, plan.limit_train_batches, plan.val_check_interval, plan.max_steps
+    )
+    if loop["val_check_interval"] is None:
+        loop["val_check_interval"] = (loop["max_steps"] + 1) * loop["accumulate_grad_batches"]
+    if profile is not None:  # profile=true: torch.profiler traces in <output dir>/profile
+        run_dir = output_dir if output_dir is not None else Path(c["paths"]["run_dir"])
+        hardware["profiler"] = profiler_for_run(profile, run_dir / "profile", plugin.name)
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
-        accumulate_grad_batches=acc_batches,
-        val_check_interval=plan.val_check_interval or (plan.max_steps + 1) * acc_batches,
-        limit_train_batches=plan.limit_train_batches,
+        **{**hardware, **loop},
         callbacks=callbacks,
         logger=loggers or False,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[*hardware_plugins, AtomicCheckpointIO()],
     )
 
     start = time.perf_counter()
@@ -243,6 +272,18 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     if output_dir is not None:
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _accelerator(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The accelerator plugin (its SDK checked before any compute) and the environment
+    report, printed here and saved as ``environment.json`` next to the plan."""
+    from omnibert.accelerators import build_plugin
+    from omnibert.accelerators.environment import format_report
+
+    plugin = build_plugin(cfg.accelerator)
+    environment = plugin.environment()
+    print(f"omnibert-train: environment\n{format_report(environment)}", flush=True)
+    return plugin, environment
 
 
 def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:

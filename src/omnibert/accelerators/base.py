@@ -1,0 +1,232 @@
+"""The interface every accelerator plugin implements, and what they share.
+
+A plugin is built from ``conf/accelerator/<name>.yaml`` by ``hydra.utils.instantiate``. It
+turns that config into ``lightning.pytorch.Trainer`` arguments, maps the optimiser config to
+the backend's implementation, compiles the model for ``compile_only`` and reports the
+environment. Vendor SDKs are imported only inside the methods of the plugin that needs them,
+so importing this package never imports ``poptorch`` or ``habana_frameworks``.
+
+The accelerator group may change speed and memory, never the maths: a plugin must not
+change the model, the data or the optimiser's update rule (an optimiser mapping returns a
+vendor implementation only where its update is the same, else warns and keeps omnibert's).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class AcceleratorError(RuntimeError):
+    """The selected accelerator cannot run here: one sentence naming what is missing and the fix."""
+
+
+class AcceleratorPlugin:
+    """Base plugin: one process per device, Lightning's own loop, no vendor SDK.
+
+    Args:
+        devices: devices per node (Lightning processes; IPU: model replicas).
+        num_nodes: nodes; the batch arithmetic's world size is ``devices * num_nodes``.
+        strategy: a Lightning strategy name (``auto``, ``ddp``, ``fsdp``, ...).
+        accelerator: the Lightning accelerator name this plugin passes to the Trainer.
+    """
+
+    name = "base"
+    #: precisions (Lightning spelling) this backend runs; others stop before any compute
+    precisions: tuple[str, ...] = ("32-true", "32", "bf16-mixed", "bf16-true")
+
+    def __init__(
+        self,
+        devices: int = 1,
+        num_nodes: int = 1,
+        strategy: str = "auto",
+        accelerator: str | None = None,
+    ) -> None:
+        for key, value in (("devices", devices), ("num_nodes", num_nodes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AcceleratorError(
+                    f"accelerator.{key}={value!r} must be a positive integer, e.g. "
+                    f"accelerator.{key}=1."
+                )
+        self.devices = devices
+        self.num_nodes = num_nodes
+        self.strategy = strategy
+        self.accelerator = accelerator or self.name
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def world_size(self) -> int:
+        """Data-parallel replicas for the batch arithmetic: ``devices * num_nodes``."""
+        return self.devices * self.num_nodes
+
+    @property
+    def device(self) -> torch.device:
+        """Where ``compile_only`` puts the model and the batch (the first local device)."""
+        return torch.device("cpu")
+
+    def check(self) -> None:
+        """Stop with :class:`AcceleratorError` when the backend's SDK or devices are missing."""
+
+    def check_precision(self, precision: str) -> None:
+        if str(precision) not in self.precisions:
+            raise AcceleratorError(
+                f"trainer.precision={precision} is not supported by accelerator={self.name}; "
+                f"use one of {', '.join(self.precisions)}."
+            )
+
+    # ------------------------------------------------------------------ Trainer
+    def trainer_kwargs(self, precision: str) -> dict[str, Any]:
+        """Trainer arguments: accelerator, devices, num_nodes, strategy, precision, plugins.
+
+        The app passes them to ``instantiate(cfg.trainer, ...)``, so they override the
+        trainer config's interpolated values; ``plugins`` is a list the app extends.
+        """
+        self.check_precision(precision)
+        return {
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "num_nodes": self.num_nodes,
+            "strategy": self.strategy,
+            "precision": precision,
+            "plugins": [],
+        }
+
+    def loop_kwargs(
+        self,
+        accumulate_grad_batches: int,
+        limit_train_batches: int,
+        val_check_interval: int | None,
+        max_steps: int,
+    ) -> dict[str, Any]:
+        """Lightning's loop counts for the plan's numbers (all in host micro-batches and
+        optimiser steps). Identity here; a backend that accumulates on the device (IPU)
+        converts them to what one Lightning batch means there."""
+        return {
+            "accumulate_grad_batches": accumulate_grad_batches,
+            "limit_train_batches": limit_train_batches,
+            "val_check_interval": val_check_interval,
+            "max_steps": max_steps,
+        }
+
+    # ------------------------------------------------------------------ optimiser
+    def optimizer_config(self, optimizer_cfg: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``_partial_`` optimiser config this backend builds (default: unchanged).
+
+        ``PretrainingTask`` instantiates it with ``model.named_parameters()``.
+        """
+        return dict(optimizer_cfg)
+
+    def build_optimizer(
+        self, named_parameters: Iterable[tuple[str, nn.Parameter]], optimizer_cfg: Mapping[str, Any]
+    ) -> torch.optim.Optimizer:
+        """The optimiser :meth:`optimizer_config` describes, built for ``named_parameters``."""
+        from hydra.utils import instantiate
+
+        factory = instantiate(self.optimizer_config(optimizer_cfg), _convert_="all")
+        optimizer: torch.optim.Optimizer = factory(named_parameters)
+        return optimizer
+
+    # ------------------------------------------------------------------ compile
+    def compile_model(self, model: nn.Module) -> nn.Module:
+        """The module the training step calls (``torch.compile`` where configured)."""
+        return model
+
+    def compile_only(
+        self,
+        model: nn.Module,
+        batch: Mapping[str, Tensor],
+        optimizer: torch.optim.Optimizer,
+        precision: str = "32-true",
+    ) -> dict[str, Any]:
+        """Build and compile one training step for ``batch``'s shapes without training.
+
+        Moves ``model`` and ``batch`` to :attr:`device`, compiles (:meth:`compile_model`) and
+        runs one forward/backward/optimiser step (the compile happens in the first), then a
+        second, timed step. Returns ``compile_seconds`` (first step, compile included),
+        ``step_seconds`` (second step), ``peak_memory_bytes`` and ``peak_memory_source``
+        (``None`` where this backend cannot measure it) and ``ran_steps``. ``precision`` is
+        ``trainer.precision`` (mixed precisions run the step under autocast).
+        """
+        model.to(self.device)
+        moved = {k: v.to(self.device) for k, v in batch.items()}
+        start = time.perf_counter()
+        step = self.compile_model(model)
+        self.reset_peak_memory()
+        self._train_step(step, moved, optimizer, precision)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        self._train_step(step, moved, optimizer, precision)
+        second = time.perf_counter() - start
+        peak, source = self.peak_memory()
+        return {
+            "compile_seconds": round(first, 4),
+            "step_seconds": round(second, 4),
+            "peak_memory_bytes": peak,
+            "peak_memory_source": source,
+            "ran_steps": 2,
+        }
+
+    def _train_step(
+        self,
+        model: nn.Module,
+        batch: Mapping[str, Tensor],
+        optimizer: torch.optim.Optimizer,
+        precision: str,
+    ) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with self.autocast(precision):
+            loss = model(batch)["loss"]
+        loss.backward()
+        optimizer.step()
+        self.synchronize()
+
+    def autocast(self, precision: str) -> Any:
+        """The autocast context a step runs in for ``precision`` (Lightning's spelling)."""
+        import contextlib
+
+        if str(precision) in ("bf16-mixed", "16-mixed"):
+            dtype = torch.bfloat16 if str(precision).startswith("bf16") else torch.float16
+            return torch.autocast(self.device.type, dtype=dtype)
+        return contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (timings); nothing on the CPU."""
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak-memory measurement (where the backend has one)."""
+
+    def peak_memory(self) -> tuple[int | None, str | None]:
+        """``(bytes, how it was measured)`` since :meth:`reset_peak_memory`, or ``(None, None)``."""
+        return None, None
+
+    # ------------------------------------------------------------------ report
+    def environment(self) -> dict[str, Any]:
+        """Versions, devices found and SDKs present (``omnibert.accelerators.environment``)."""
+        from omnibert.accelerators.environment import environment_report
+
+        return environment_report(self)
+
+    def devices_found(self) -> dict[str, Any]:
+        """What this backend sees here: ``{"kind", "count", "names"}``."""
+        import os
+        import platform
+
+        return {
+            "kind": "cpu",
+            "count": os.cpu_count(),
+            "names": [platform.processor() or platform.machine()],
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """This plugin's settings, for the environment report."""
+        return {
+            "plugin": f"{type(self).__module__}.{type(self).__qualname__}",
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "num_nodes": self.num_nodes,
+            "strategy": self.strategy,
+        }

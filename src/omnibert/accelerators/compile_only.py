@@ -1,0 +1,322 @@
+"""``compile_only=true``: build and compile one training step at the run's shapes, report, stop.
+
+What a sweep over micro batch size or sequence length needs to find what fits, without
+training (``omnibert-train -m data=generated compile_only=true micro_batch_size=8,16,32``):
+
+1. **Counted on the meta device** (no memory, no compute, any size): parameters; FLOPs of
+   forward + backward of one micro-batch with ``torch.utils.flop_counter.FlopCounterMode``
+   (matmuls, bmm and attention, :func:`omnibert.callbacks.throughput.measure_flops`); the
+   bytes autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``,
+   de-duplicated by storage, parameters left out): the activation memory of one micro-batch
+   in the parameters' dtype (under bf16/fp16 autocast the saved matmul inputs are half that).
+2. **Estimated memory**: parameters + gradients (same dtype) + optimiser state (two moments
+   per parameter for LAMB and AdamW) + activations (+ one gradient-sized buffer with
+   ``clip_grad_per_micro_batch``). When it exceeds the memory the device has (CPU:
+   ``MemAvailable``; CUDA: the GPU's total memory) the step is not run and the report says
+   ``fits: false`` instead of being killed by the kernel's OOM killer.
+3. **Measured**: the accelerator plugin's :meth:`~omnibert.accelerators.base.AcceleratorPlugin.compile_only`
+   moves the model and a real batch of the run's data (``data=generated`` needs no files) to
+   the device, compiles (``torch.compile`` where the plugin is configured to, the backend's
+   graph build on HPU, poptorch's offline ``compile()`` on IPU) and runs one step, then a
+   second timed one. Peak memory is the device's own counter where the plugin has one
+   (``torch.cuda.max_memory_allocated``, HPU's ``max_memory_allocated``); on the CPU it is
+   the process's peak resident set size (``VmHWM`` in ``/proc/self/status``, reset through
+   ``/proc/self/clear_refs`` first) minus the resident size before: everything the step
+   allocated (gradients, optimiser state, activations, compiler workspace). The optimiser
+   state is measured after the step by summing its tensors.
+
+The report is printed and written as ``<output dir>/compile_report.json`` (rank 0 only);
+nothing is trained and no checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "available_memory",
+    "compile_only",
+    "meta_batch",
+    "saved_activation_bytes",
+]
+
+#: batch keys by shape (see omnibert.data.collate): [B,S], [B,P], [B,K]
+_ROW_KEYS = ("input_ids", "segment_ids", "position_ids", "sequence_ids")
+_MASK_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+_NSP_KEYS = ("nsp_positions", "nsp_labels", "nsp_weights")
+REPORT_FILE = "compile_report.json"
+
+
+def meta_batch(shapes: Mapping[str, list[int]]) -> dict[str, Tensor]:
+    """A batch of meta tensors with the data module's static shapes (``describe()["shapes"]``:
+    ``input_ids`` [B,S], ``masked_lm_positions`` [B,P], ``nsp_labels`` [B,K])."""
+    groups = (
+        (_ROW_KEYS, shapes["input_ids"]),
+        (_MASK_KEYS, shapes["masked_lm_positions"]),
+        (_NSP_KEYS, shapes["nsp_labels"]),
+    )
+    batch = {}
+    for keys, shape in groups:
+        for key in keys:
+            dtype = torch.float32 if key.endswith("weights") else torch.int64
+            batch[key] = torch.empty(*shape, dtype=dtype, device="meta")
+    return batch
+
+
+def saved_activation_bytes(model: nn.Module, batch: Mapping[str, Tensor]) -> int:
+    """Bytes autograd keeps for backward in one forward of ``model`` (meta tensors): each
+    storage counted once, parameters (counted separately) left out."""
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen: dict[int, int] = {}
+    alive: list[Tensor] = []  # keep storages alive so that no address is reused
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in params:
+            seen[storage._cdata] = storage.nbytes()
+            alive.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(dict(batch))
+    return sum(seen.values())
+
+
+def _proc_status(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (Linux), else ``None``."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def available_memory(device: torch.device) -> tuple[int | None, str | None]:
+    """Memory a step on ``device`` may use: ``(bytes, source)`` or ``(None, None)``."""
+    if device.type == "cuda":
+        _, total = torch.cuda.mem_get_info(device)
+        return int(total), "torch.cuda.mem_get_info (total)"
+    if device.type == "cpu":
+        try:
+            text = Path("/proc/meminfo").read_text()
+        except OSError:
+            return None, None
+        found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
+        if found:
+            return int(found.group(1)) * 1024, "/proc/meminfo MemAvailable"
+    return None, None
+
+
+class _HostPeak:
+    """Peak resident set size of this process during a block, above the size before it."""
+
+    def __enter__(self) -> _HostPeak:
+        try:  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+            Path("/proc/self/clear_refs").write_text("5")
+            self.reset = True
+        except OSError:
+            self.reset = False
+        self.start = _proc_status("VmRSS")
+        self.bytes: int | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        peak = _proc_status("VmHWM")
+        if self.reset and peak is not None and self.start is not None:
+            self.bytes = max(0, peak - self.start)
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return isinstance(err, oom) or "out of memory" in str(err).lower()
+
+
+def _first_batch(datamodule: Any) -> dict[str, Tensor]:
+    """The run's first training batch, read in this process (no loader workers)."""
+    from torch.utils.data import DataLoader
+
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    single = DataLoader(
+        loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=loader.collate_fn
+    )
+    batch: dict[str, Tensor] = next(iter(single))
+    return batch
+
+
+def _estimate(
+    config: Any, shapes: Mapping[str, list[int]], precision: str, clip: float | None
+) -> dict[str, Any]:
+    from omnibert.callbacks.throughput import measure_flops
+    from omnibert.models import BertForPreTraining
+
+    batch = meta_batch(shapes)
+    with torch.device("meta"):
+        model = BertForPreTraining(config)
+    params = sum(p.numel() for p in model.parameters())
+    width = 2 if precision in ("bf16-true", "16-true") else 4
+    memory = {
+        "parameters": params * width,
+        "gradients": params * width,
+        "optimizer_state": params * 2 * 4,
+        "activations": saved_activation_bytes(model, batch),
+        "clip_buffer": params * width if clip is not None else 0,
+    }
+    memory["total"] = sum(memory.values())
+    flops = measure_flops(lambda: BertForPreTraining(config), batch)
+    return {"parameters": params, "flops_per_micro_batch": flops, "memory": memory}
+
+
+def compile_only(
+    c: Mapping[str, Any], plan: Any, datamodule: Any, plugin: Any, output_dir: Path | None
+) -> dict[str, Any]:
+    """Run ``compile_only`` for the resolved config ``c`` and the derived ``plan`` (module doc);
+    returns the report, also printed and written to ``output_dir``."""
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from omnibert.models import BertConfig, BertForPreTraining
+
+    start = time.perf_counter()
+    plugin.check_precision(plan.precision)
+    shapes = datamodule.describe()["shapes"]
+    config = BertConfig(**{**c["model"]["config"], "vocab_size": plan.vocab_size})
+    estimate = _estimate(config, shapes, plan.precision, plan.clip_grad_per_micro_batch)
+    batch = plan.batch
+    report: dict[str, Any] = {
+        "model": c["model"]["name"],
+        "accelerator": plugin.describe(),
+        "precision": plan.precision,
+        "batch": {
+            "micro_batch_size": batch.micro_batch_size,
+            "accumulate_grad_batches": batch.accumulate_grad_batches,
+            "world_size": batch.world_size,
+            "global_batch_size": batch.global_batch_size,
+            "shapes": dict(shapes),
+        },
+        "parameters": estimate["parameters"],
+        "flops": {
+            "per_micro_batch": estimate["flops_per_micro_batch"],
+            "per_optimizer_step": estimate["flops_per_micro_batch"]
+            * batch.accumulate_grad_batches
+            * batch.world_size,
+            "counted_with": "torch.utils.flop_counter.FlopCounterMode, forward + backward, "
+            "meta device",
+        },
+        "memory_estimate_bytes": estimate["memory"],
+    }
+    available, source = available_memory(plugin.device)
+    report["available_memory_bytes"] = available
+    report["available_memory_source"] = source
+    report["fits"], report["reason"], report["measured"] = None, None, None
+    if available is not None and estimate["memory"]["total"] > available:
+        report["fits"] = False
+        report["reason"] = (
+            f"the estimate ({_gib(estimate['memory']['total'])}) exceeds the "
+            f"{_gib(available)} the device has; the step was not run"
+        )
+    else:
+        pl.seed_everything(c["seed"], workers=False, verbose=False)
+        model = BertForPreTraining(config)
+        optimizer = plugin.build_optimizer(model.named_parameters(), c["optimizer"])
+        real = _first_batch(datamodule)
+        # IPU: the device-side gradient accumulation sizes the compiled combined batch
+        plugin.loop_kwargs(
+            plan.batch.accumulate_grad_batches,
+            plan.limit_train_batches,
+            plan.val_check_interval,
+            plan.max_steps,
+        )
+        try:
+            with _HostPeak() as host:
+                measured = dict(plugin.compile_only(model, real, optimizer, plan.precision))
+        except (RuntimeError, MemoryError) as err:
+            if not _is_out_of_memory(err):
+                raise
+            report["fits"] = False
+            report["reason"] = f"out of memory: {str(err).splitlines()[0]}"
+        else:
+            if measured.get("peak_memory_bytes") is None and host.bytes is not None:
+                measured["peak_memory_bytes"] = host.bytes
+                measured["peak_memory_source"] = (
+                    "process peak RSS (VmHWM) increase during compile + steps (pages the allocator "
+                    "already held are not counted: 0 when freed memory is reused)"
+                )
+            measured["optimizer_state_bytes"] = sum(
+                v.numel() * v.element_size()
+                for state in optimizer.state.values()
+                for v in state.values()
+                if isinstance(v, Tensor)
+            )
+            report["measured"] = measured
+            report["fits"] = True
+    report["seconds"] = round(time.perf_counter() - start, 3)
+    print(format_report(report), flush=True)
+    if output_dir is not None and rank_zero_only.rank == 0:  # type: ignore[attr-defined]
+        output_dir.mkdir(parents=True, exist_ok=True)
+        path = output_dir / REPORT_FILE
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"  report              {path}", flush=True)
+    return report
+
+
+def _gib(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.3f} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+def _seconds(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.1f} ms"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The human-readable form of a compile-only report."""
+    b, mem, flops = report["batch"], report["memory_estimate_bytes"], report["flops"]
+    shape = b["shapes"]["input_ids"]
+    compiled = report["accelerator"].get("compile")
+    mode = "" if compiled is None else (", torch.compile" if compiled else ", eager")
+    lines = [
+        f"omnibert-train: compile-only, {report['model']} on "
+        f"{report['accelerator']['accelerator']} ({report['precision']}{mode}), micro batch "
+        f"{shape[0]} x seq {shape[1]}, {b['accumulate_grad_batches']} accumulated x "
+        f"{b['world_size']} device(s)",
+        f"  parameters          {report['parameters'] / 1e6:.2f} M",
+        f"  FLOPs               {_flops(flops['per_micro_batch'])} per micro-batch (fwd+bwd), "
+        f"{_flops(flops['per_optimizer_step'])} per optimiser step",
+        f"  memory estimate     {_gib(mem['total'])} = parameters {_gib(mem['parameters'])}"
+        f" + gradients {_gib(mem['gradients'])} + optimiser {_gib(mem['optimizer_state'])}"
+        f" + activations {_gib(mem['activations'])}"
+        + (f" + clip buffer {_gib(mem['clip_buffer'])}" if mem["clip_buffer"] else ""),
+        f"  available           {_gib(report['available_memory_bytes'])}"
+        + (f" ({report['available_memory_source']})" if report["available_memory_source"] else ""),
+    ]
+    measured = report.get("measured")
+    if measured:
+        lines += [
+            f"  measured peak       {_gib(measured.get('peak_memory_bytes'))}"
+            f" ({measured.get('peak_memory_source') or 'not measurable here'})",
+            f"  compile + 1st step  {_seconds(measured.get('compile_seconds'))}",
+            f"  step                {_seconds(measured.get('step_seconds'))}",
+        ]
+    verdict = "yes" if report["fits"] else f"no: {report['reason']}"
+    lines.append(f"  fits                {verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""The environment report: versions, devices found and SDKs present, printed at start and
+saved as ``<output_dir>/environment.json`` by ``omnibert-train``.
+
+SDK presence is read from the installed distributions and import specs, never by importing
+an SDK: only the selected plugin imports its vendor modules (in ``devices_found``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omnibert.accelerators.base import AcceleratorPlugin
+
+#: import name -> distributions that may provide it (first installed one gives the version)
+SDKS: dict[str, tuple[str, ...]] = {
+    "triton": ("triton",),
+    "omnibert_kernels": ("omnibert",),
+    "habana_frameworks": ("habana-torch-plugin", "habana_frameworks"),
+    "lightning_habana": ("lightning-habana", "lightning_habana"),
+    "poptorch": ("poptorch",),
+}
+VERSIONS = ("torch", "lightning", "hydra-core", "omegaconf", "torchmetrics", "numpy", "omnibert")
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def sdk_present(module: str) -> bool:
+    """Whether ``module`` is importable here, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def sdk_report() -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "present": sdk_present(name),
+            "version": _version(*dists) if sdk_present(name) else None,
+        }
+        for name, dists in SDKS.items()
+    }
+
+
+def host_report() -> dict[str, Any]:
+    import torch
+
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+
+
+def environment_report(plugin: AcceleratorPlugin) -> dict[str, Any]:
+    """Everything about where this run runs, for ``plugin`` (its ``devices_found`` included)."""
+    return {
+        "accelerator": plugin.describe(),
+        "devices_found": plugin.devices_found(),
+        "versions": {name: _version(name) for name in VERSIONS},
+        "sdks": sdk_report(),
+        "host": host_report(),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A few lines for the console."""
+    acc = report["accelerator"]
+    found = report["devices_found"]
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
+    sdks = ", ".join(
+        f"{k} {v['version'] or ''}".strip() for k, v in report["sdks"].items() if v["present"]
+    )
+    lines = [
+        f"  accelerator   {acc['accelerator']} × {acc['devices']} device(s) × "
+        f"{acc['num_nodes']} node(s), strategy {acc['strategy']}",
+        f"  devices found {found.get('count')} {found.get('kind', '')}: "
+        + ", ".join(str(n) for n in found.get("names", [])[:4]),
+        f"  versions      {versions}",
+        f"  SDKs present  {sdks or 'none'}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+"""FAKE ``lightning_habana.pytorch.accelerator``."""
+
+
+class HPUAccelerator:
+    fake = True

@@ -1,0 +1,273 @@
+"""HPU and IPU plugins against FAKE ``habana_frameworks`` / ``lightning_habana`` / ``poptorch``
+modules (tests/fakes/sdk) that follow the documented APIs and record their calls. These tests
+show that the plugins call those APIs with the right arguments; they are no evidence that
+anything runs on Gaudi or IPU hardware."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from omnibert.accelerators import AcceleratorError, build_plugin
+from omnibert.accelerators.hpu import HPUPlugin
+from omnibert.config import CONF_DIR
+from omnibert.train import run
+
+FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
+FAKES = ("poptorch", "habana_frameworks", "lightning_habana")
+
+
+@pytest.fixture
+def fake_sdk(monkeypatch):
+    monkeypatch.syspath_prepend(str(FAKE_SDK))
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    for name in list(sys.modules):
+        if name.startswith(FAKES):
+            monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in list(sys.modules):
+        if name.startswith(FAKES):
+            del sys.modules[name]
+
+
+def _compose(*overrides: str) -> Any:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="pretrain", overrides=list(overrides))
+
+
+# ---------------------------------------------------------------------------------- HPU
+def test_hpu_fake_lazy_mode_is_set_before_the_sdk_is_imported(fake_sdk):
+    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+    import habana_frameworks.torch.core as htcore
+
+    assert plugin.mode == "lazy" and htcore.LAZY_MODE_AT_IMPORT == "1"
+
+
+def test_hpu_fake_eager_mode_and_mode_conflicts(fake_sdk):
+    build_plugin(_compose("accelerator=hpu", "accelerator.mode=eager").accelerator)
+    import habana_frameworks.torch.core as htcore
+
+    assert htcore.LAZY_MODE_AT_IMPORT == "0"
+    with pytest.raises(AcceleratorError, match=r"already imported with PT_HPU_LAZY_MODE=0"):
+        HPUPlugin(mode="lazy").check()
+    with pytest.raises(AcceleratorError, match=r"compile=true needs accelerator.mode=eager"):
+        HPUPlugin(mode="lazy", compile=True)
+    with pytest.raises(AcceleratorError, match=r"hpu_graphs=true needs accelerator.mode=lazy"):
+        HPUPlugin(mode="eager", hpu_graphs=True)
+
+
+def test_hpu_fake_single_device_trainer_kwargs(fake_sdk):
+    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+    kwargs = plugin.trainer_kwargs("bf16-mixed")
+    from lightning_habana.pytorch.accelerator import HPUAccelerator
+    from lightning_habana.pytorch.plugins import HPUPrecisionPlugin
+    from lightning_habana.pytorch.strategies import SingleHPUStrategy
+
+    assert isinstance(kwargs["accelerator"], HPUAccelerator)
+    assert isinstance(kwargs["strategy"], SingleHPUStrategy)
+    assert kwargs["precision"] is None  # Lightning refuses precision= next to a precision plugin
+    (precision,) = kwargs["plugins"]
+    assert isinstance(precision, HPUPrecisionPlugin) and precision.precision == "bf16-mixed"
+    assert (kwargs["devices"], kwargs["num_nodes"]) == (1, 1)
+    with pytest.raises(AcceleratorError, match=r"trainer.precision=16-mixed"):
+        plugin.trainer_kwargs("16-mixed")
+
+
+def test_hpu_fake_parallel_strategy_and_device_count(fake_sdk):
+    plugin = build_plugin(
+        _compose("accelerator=hpu", "accelerator.devices=8", "accelerator.num_nodes=2").accelerator
+    )
+    kwargs = plugin.trainer_kwargs("32-true")
+    from lightning_habana.pytorch.strategies import HPUParallelStrategy
+
+    strategy = kwargs["strategy"]
+    assert isinstance(strategy, HPUParallelStrategy)
+    assert strategy.parallel_devices == [torch.device("hpu")] * 8
+    assert kwargs["plugins"][0].precision == "32-true" and plugin.world_size == 16
+    with pytest.raises(AcceleratorError, match=r"accelerator.devices=9 but this node has 8"):
+        build_plugin(_compose("accelerator=hpu", "accelerator.devices=9").accelerator)
+
+
+def test_hpu_fake_lamb_maps_to_fused_lamb(fake_sdk):
+    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+    optimizer_cfg = dict(_compose("accelerator=hpu").optimizer)
+    assert plugin.optimizer_config(optimizer_cfg)["_target_"] == "omnibert.optim.vendor.hpu_lamb"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
+    from habana_frameworks.torch.hpex.optimizers import FusedLamb
+
+    assert isinstance(optimizer, FusedLamb) and optimizer.defaults["max_grad_norm"] == 1.0
+    assert len(optimizer.param_groups) == 2  # decay / no decay (bias, LayerNorm)
+    off = HPUPlugin(fused_lamb=False)
+    assert off.optimizer_config(optimizer_cfg)["_target_"] == "omnibert.optim.Lamb"
+
+
+def test_hpu_fake_lazy_step_marks_after_backward_and_after_the_update(fake_sdk):
+    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+    import habana_frameworks.torch.core as htcore
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 1)
+
+        def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {"loss": self.linear(batch["x"]).square().mean()}
+
+    net = Net()
+    order: list[str] = []
+    net.linear.weight.register_hook(lambda g: order.append("backward"))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    htcore.CALLS.clear()
+    original = htcore.mark_step
+    htcore.mark_step = lambda *a, **k: (order.append("mark_step"), original(*a, **k))[1]
+    step = optimizer.step
+    optimizer.step = lambda *a, **k: (order.append("step"), step(*a, **k))[1]  # type: ignore[method-assign]
+    plugin._train_step(net, {"x": torch.ones(2, 3)}, optimizer, "32-true")
+    assert order == ["backward", "mark_step", "step", "mark_step"]
+    assert ("synchronize", None) in htcore.CALLS
+
+
+def test_hpu_fake_graphs_wrap_the_model_with_module_cacher(fake_sdk):
+    plugin = build_plugin(
+        _compose(
+            "accelerator=hpu", "accelerator.hpu_graphs=true", "accelerator.max_graphs=4"
+        ).accelerator
+    )
+    import habana_frameworks.torch.core as htcore
+
+    model = torch.nn.Linear(2, 2)
+    assert plugin.compile_model(model) is model
+    assert ("ModuleCacher", {"max_graphs": 4, "inplace": True}) in htcore.CALLS
+
+
+# ---------------------------------------------------------------------------------- IPU
+def _ipu_run(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    import poptorch
+
+    poptorch.CALLS.clear()
+    cfg = _compose(
+        "experiment=smoke",
+        f"paths.output_root={tmp_path}",
+        "accelerator=ipu",
+        "accelerator.devices=2",
+        "micro_batch_size=2",  # global 8 = 2 (micro) × 2 (replicas) × 2 (accumulation)
+        "accelerator.layers_per_ipu=[0,1]",
+        "accelerator.available_memory_proportion=0.3",
+        f"accelerator.executable_cache_dir={tmp_path}/exe",
+        *overrides,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # poptorch LAMB differences, scheduler order
+            summary = run(cfg, tmp_path / "out")
+    finally:
+        torch.set_num_threads(threads)
+    return summary, list(poptorch.CALLS)
+
+
+def _calls(calls: list[tuple[str, Any]], name: str) -> list[Any]:
+    return [detail for call, detail in calls if call == name]
+
+
+@pytest.mark.parametrize("device_iterations", [1, 3])
+def test_ipu_fake_training_sets_options_wraps_the_model_and_drives_steps(
+    fake_sdk, tmp_path, device_iterations
+):
+    summary, calls = _ipu_run(tmp_path, f"accelerator.device_iterations={device_iterations}")
+    import poptorch
+
+    (training,) = _calls(calls, "trainingModel")
+    opts = training["options"]
+    assert opts.replication_factor == 2 and opts.Training.gradient_accumulation == 2
+    assert opts.device_iterations == device_iterations
+    assert opts.Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Mean
+    assert opts.output_mode == poptorch.OutputMode.All
+    assert opts.available_memory_proportion == {0: 0.3, 1: 0.3}
+    assert opts.cache_path == f"{tmp_path}/exe" and not opts.offline
+    assert isinstance(training["optimizer"], poptorch.optim.LAMB)  # optimizer=lamb mapped
+    # pipelining: embeddings and heads on IPU 0, the one encoder layer on IPU 1
+    assert _calls(calls, "BeginBlock") == [
+        {"user_id": "embeddings", "ipu_id": 0},
+        {"user_id": "layer0", "ipu_id": 1},
+        {"user_id": "heads", "ipu_id": 0},
+    ]
+    assert "none" in _calls(calls, "identity_loss")  # the loss is marked for backward
+    # each host call is one combined batch: micro × replicas × accumulation × iterations
+    rows = _calls(calls, "compile")[0]["rows"]
+    assert rows == opts.combined_batch(2, training=True) == 2 * 2 * 2 * device_iterations
+    # 6 optimiser steps = 6 / device_iterations IPU calls = Lightning steps
+    assert summary["steps"] == 6 // device_iterations
+    # the LR schedule (warmup) changes the LR: the new one is sent to the IPU
+    assert len(_calls(calls, "setOptimizer")) >= 6 // device_iterations - 1
+    # validation runs a separate inference model, detaching the training one first
+    (inference,) = _calls(calls, "inferenceModel")
+    assert inference["options"].replication_factor == 1
+    assert True in _calls(calls, "detachFromDevice")
+    assert True in _calls(calls, "copyWeightsToHost")  # weights on the host for checkpoints
+    assert summary["last_checkpoint"] is not None
+
+
+def test_ipu_fake_schedule_advances_one_step_per_optimiser_step(fake_sdk, tmp_path):
+    from omnibert.accelerators.ipu import IPUPlugin
+
+    plugin = IPUPlugin(devices=2, device_iterations=3)
+    loop = plugin.loop_kwargs(4, limit_train_batches=40, val_check_interval=12, max_steps=6)
+    assert loop == {"accumulate_grad_batches": 1, "limit_train_batches": 3,
+                    "val_check_interval": 1, "max_steps": 2}  # fmt: skip
+    assert plugin.gradient_accumulation == 4 and plugin.host_batches_per_step == 2 * 4 * 3
+    with pytest.raises(AcceleratorError, match=r"phase.max_steps=7 is not a multiple"):
+        plugin.loop_kwargs(4, limit_train_batches=40, val_check_interval=None, max_steps=7)
+
+
+def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path):
+    plugin = build_plugin(
+        _compose(
+            "accelerator=ipu", "accelerator.devices=4", "accelerator.device_iterations=2"
+        ).accelerator
+    )
+    plugin.loop_kwargs(2, limit_train_batches=10, val_check_interval=None, max_steps=2)
+    import poptorch
+
+    from omnibert.data.generated import GeneratedDataModule
+    from omnibert.models import BertConfig, BertForPreTraining
+
+    data = GeneratedDataModule(vocab_size=128, max_seq_length=16, max_predictions_per_seq=3,
+                               num_train_samples=8, num_eval_samples=0, micro_batch_size=2,
+                               eval_micro_batch_size=2)  # fmt: skip
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    model = BertForPreTraining(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=64,
+                                          max_position_embeddings=32))  # fmt: skip
+    optimizer_cfg = dict(_compose("accelerator=ipu").optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
+    poptorch.CALLS.clear()
+    report = plugin.compile_only(model, batch, optimizer)
+    (training,) = _calls(poptorch.CALLS, "trainingModel")
+    assert training["options"].offline and training["options"].ipu_version == 2
+    assert _calls(poptorch.CALLS, "compile") == [{"training": True, "rows": 2 * 4 * 2 * 2}]
+    assert report["ran_steps"] == 0 and report["combined_batch_size"] == 32
+    assert report["ipus"] == 4
+
+
+def test_ipu_fake_refuses_more_ipus_than_the_host_has(fake_sdk, tmp_path):
+    import poptorch
+
+    poptorch.FAKE_IPUS = 2
+    try:
+        plugin = build_plugin(_compose("accelerator=ipu", "accelerator.devices=4").accelerator)
+        with pytest.raises(AcceleratorError, match=r"needs 4 IPU\(s\)"):
+            plugin.trainer_kwargs("32-true")
+    finally:
+        poptorch.FAKE_IPUS = 16

@@ -1,0 +1,158 @@
+"""compile_only=true: one compiled/timed step at the run's shapes, a report of parameters,
+FLOPs, estimated and measured memory and times, written as compile_report.json; no
+training; a -m sweep over micro batch sizes; steps that cannot fit are not run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import omnibert.accelerators.compile_only as compile_only_module
+from omnibert.accelerators.compile_only import meta_batch, saved_activation_bytes
+from omnibert.accelerators.cpu import CPUPlugin
+from omnibert.callbacks.throughput import bert_pretraining_flops
+from omnibert.config import CONF_DIR
+from omnibert.data.collate import PretrainingCollator
+from omnibert.data.generated import GeneratedDataModule
+from omnibert.models import BertConfig, BertForPreTraining
+from omnibert.train import run_or_exit
+
+SMOKE = ("experiment=smoke", "data.num_workers=0", "compile_only=true")
+# the smoke model (conf/experiment/smoke.yaml)
+TINY = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+
+
+def _compose(root: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(
+            config_name="pretrain", overrides=[f"paths.output_root={root}", *SMOKE, *overrides]
+        )
+
+
+def test_compile_only_reports_without_training(tmp_path, capsys):
+    out = tmp_path / "out"
+    report = run_or_exit(_compose(tmp_path), out)
+    assert json.loads((out / "compile_report.json").read_text()) == report
+    printed = capsys.readouterr().out
+    assert "compile-only, bert-smoke on cpu" in printed and "fits                yes" in printed
+
+    config = BertConfig(**TINY)
+    params = sum(p.numel() for p in BertForPreTraining(config).parameters())
+    assert report["parameters"] == params
+    # micro batch 4 x seq 32 with 5 masks, accumulated twice (global batch 8)
+    assert report["batch"]["shapes"]["input_ids"] == [4, 32]
+    assert report["flops"]["per_micro_batch"] == bert_pretraining_flops(config, 4, 32, 5)
+    assert report["flops"]["per_optimizer_step"] == 2 * report["flops"]["per_micro_batch"]
+    memory = report["memory_estimate_bytes"]
+    assert memory["parameters"] == memory["gradients"] == 4 * params
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+
+    measured = report["measured"]
+    assert report["fits"] is True and measured["ran_steps"] == 2
+    assert measured["step_seconds"] > 0 and measured["compile_seconds"] > 0
+    # RSS growth: 0 in a long-lived test worker whose allocator reuses freed pages
+    assert measured["peak_memory_bytes"] >= 0 and "RSS" in measured["peak_memory_source"]
+    # LAMB's two fp32 moments per parameter, as estimated
+    assert measured["optimizer_state_bytes"] == memory["optimizer_state"] == 8 * params
+    # nothing trained: no checkpoints, no summary
+    assert not (tmp_path / "smoke" / "checkpoints").exists()
+    assert not (out / "summary.json").exists()
+
+
+def _real_batch(b: int, s: int, p: int) -> dict[str, torch.Tensor]:
+    rows = GeneratedDataModule(
+        vocab_size=128, max_seq_length=s, max_predictions_per_seq=p, micro_batch_size=b
+    ).rows("train")
+    return PretrainingCollator(s, p)(rows.__getitems__(list(range(b))))
+
+
+def _meta_bytes(b: int, s: int, p: int = 5) -> int:
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig(**TINY))
+    shapes = {"input_ids": [b, s], "masked_lm_positions": [b, p], "nsp_labels": [b, 1]}
+    return saved_activation_bytes(model, meta_batch(shapes))
+
+
+def test_activation_estimate_matches_a_real_forward_and_scales_with_the_shapes():
+    real = saved_activation_bytes(BertForPreTraining(BertConfig(**TINY)), _real_batch(4, 32, 5))
+    meta = _meta_bytes(4, 32)
+    # the CPU attention kernel saves a little more than the meta decomposition
+    assert abs(meta - real) / real < 0.05, (meta, real)
+    assert 1.9 < _meta_bytes(8, 32) / meta <= 2.0  # linear in the batch
+    # longer rows: more activations (less than twice here: the only layer is the last one,
+    # which runs the feed-forward and attention queries only for the heads' rows)
+    assert 1.5 < _meta_bytes(4, 64) / meta < 2.0
+
+
+def test_a_step_whose_estimate_exceeds_the_memory_is_not_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(compile_only_module, "available_memory", lambda device: (2**16, "test"))
+    ran = []
+    monkeypatch.setattr(CPUPlugin, "compile_only", lambda *a, **k: ran.append(a) or {})
+    report = run_or_exit(_compose(tmp_path), tmp_path / "out")
+    assert report["fits"] is False and report["measured"] is None and not ran
+    assert "exceeds the 0.1 MiB the device has" in report["reason"]  # 2**16 bytes
+    assert "the step was not run" in report["reason"]
+    assert report["memory_estimate_bytes"]["total"] > 2**16
+    saved = json.loads((tmp_path / "out" / "compile_report.json").read_text())
+    assert saved["fits"] is False
+
+
+def test_out_of_memory_in_the_step_is_reported_and_other_errors_are_not_hidden(
+    tmp_path, monkeypatch
+):
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(CPUPlugin, "compile_only", oom)
+    report = run_or_exit(_compose(tmp_path), tmp_path / "out")
+    assert report["fits"] is False and report["reason"].startswith("out of memory: CUDA")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(CPUPlugin, "compile_only", broken)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        run_or_exit(_compose(tmp_path), tmp_path / "out2")
+
+
+def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "omnibert.train", "-m", *SMOKE),
+            *(f"paths.output_root={tmp_path}", "micro_batch_size=2,4", f"hydra.sweep.dir={sweep}"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    small, large = (json.loads((sweep / n / "compile_report.json").read_text()) for n in "01")
+    assert small["batch"]["micro_batch_size"] == 2 and large["batch"]["micro_batch_size"] == 4
+    assert small["batch"]["accumulate_grad_batches"] == 4
+    assert large["batch"]["accumulate_grad_batches"] == 2
+    assert small["fits"] and large["fits"]
+    assert large["flops"]["per_micro_batch"] == 2 * small["flops"]["per_micro_batch"]
+    assert large["flops"]["per_optimizer_step"] == small["flops"]["per_optimizer_step"]
+    ratio = (
+        large["memory_estimate_bytes"]["activations"]
+        / small["memory_estimate_bytes"]["activations"]
+    )
+    assert 1.9 < ratio <= 2.0
