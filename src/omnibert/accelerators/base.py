@@ -181,8 +181,13 @@ class AcceleratorPlugin:
         with self.autocast(precision):
             loss = model(batch)["loss"]
         loss.backward()
+        self._graph_break()
         optimizer.step()
+        self._graph_break()
         self.synchronize()
+
+    def _graph_break(self) -> None:
+        """Where a lazily traced backend must cut and run its graph (HPU lazy mode)."""
 
     def autocast(self, precision: str) -> Any:
         """The autocast context a step runs in for ``precision`` (Lightning's spelling)."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from omnibert.accelerators.base import AcceleratorError, AcceleratorPlugin
 
@@ -161,25 +161,11 @@ class HPUPlugin(AcceleratorPlugin):
             ht.hpu.ModuleCacher(max_graphs=self.max_graphs)(model=model, inplace=True)
         return model
 
-    def _train_step(
-        self,
-        model: nn.Module,
-        batch: Mapping[str, Tensor],
-        optimizer: torch.optim.Optimizer,
-        precision: str,
-    ) -> None:
-        import habana_frameworks.torch.core as htcore
+    def _graph_break(self) -> None:
+        if self.mode == "lazy":  # lazy mode runs the accumulated graph at mark_step
+            import habana_frameworks.torch.core as htcore
 
-        optimizer.zero_grad(set_to_none=True)
-        with self.autocast(precision):
-            loss = model(batch)["loss"]
-        loss.backward()
-        if self.mode == "lazy":
             htcore.mark_step()
-        optimizer.step()
-        if self.mode == "lazy":
-            htcore.mark_step()
-        self.synchronize()
 
     def synchronize(self) -> None:
         import habana_frameworks.torch.hpu as hthpu

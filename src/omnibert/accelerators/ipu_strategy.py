@@ -37,29 +37,8 @@ if TYPE_CHECKING:
 
     from omnibert.accelerators.ipu import IPUPlugin
 
-#: the batch keys the model reads, in the order PoptorchStep takes them (poptorch prefers
-#: tuples of tensors to dicts as inputs)
-BATCH_KEYS = (
-    "input_ids",
-    "segment_ids",
-    "position_ids",
-    "sequence_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "nsp_positions",
-    "nsp_labels",
-    "nsp_weights",
-)
-OUTPUT_KEYS = (
-    "loss",
-    "mlm_loss",
-    "nsp_loss",
-    "mlm_correct",
-    "mlm_count",
-    "nsp_correct",
-    "nsp_count",
-)
+from omnibert.data.collate import BATCH_KEYS  # PoptorchStep's input order (poptorch wants
+from omnibert.models.bert import OUTPUT_KEYS  # tuples of tensors, not dicts)
 
 
 class PoptorchStep(nn.Module):

@@ -52,6 +52,12 @@ def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
     return tensor
 
 
+#: what ``BertForPreTraining.forward`` returns (without ``return_logits``), in this order
+OUTPUT_KEYS = (
+    "loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
+)  # fmt: skip
+
+
 def block_diagonal_mask(sequence_ids: Tensor, query_ids: Tensor | None = None) -> Tensor:
     """``[B,1,Q,S]`` bool: True where query i may attend key j (same sequence id).
 

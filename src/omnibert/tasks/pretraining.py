@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from torchmetrics import SumMetric
 
 from omnibert.models import BertConfig, BertForPreTraining
+from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
 from omnibert.tasks.plan import architecture_diffs
@@ -42,16 +43,7 @@ from omnibert.tasks.plan import architecture_diffs
 log = logging.getLogger(__name__)
 
 #: per-micro-batch training statistics, summed over an optimiser step ("n": micro-batches)
-TRAIN_STATS = (
-    "loss",
-    "mlm_loss",
-    "nsp_loss",
-    "mlm_correct",
-    "mlm_count",
-    "nsp_correct",
-    "nsp_count",
-    "n",
-)
+TRAIN_STATS = (*OUTPUT_KEYS, "n")
 #: validation sums over the whole eval set
 VAL_SUMS = ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_loss", "nsp_loss")
 RNG_KEY = "omnibert_rng_states"
