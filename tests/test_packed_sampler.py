@@ -165,3 +165,17 @@ def test_packed_training_resumes_bitwise_with_a_loader_worker(tmp_path: Path) ->
         assert got["global_step"] == want["global_step"] == 8
         for name, tensor in want["state_dict"].items():
             assert torch.equal(got["state_dict"][name], tensor), (step, name)
+
+
+def test_samplers_sharing_pack_counts_pack_the_first_epoch_once(monkeypatch) -> None:
+    import omnibert.data.packed_sampler as module
+
+    calls = []
+    real = module.pack_window
+    monkeypatch.setattr(module, "pack_window", lambda *a, **k: calls.append(1) or real(*a, **k))
+    counts: dict[int, int] = {}
+    first = sampler(batch_size=1, pack_counts=counts).packs_in_epoch(0)
+    windows = len(calls)
+    assert windows == sampler().windows_per_epoch and counts == {0: first}
+    assert len(sampler(pack_counts=counts)) == first // 4  # another batch size: no repacking
+    assert len(calls) == windows

@@ -39,7 +39,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from omnibert.data.collate import ArrowRows, PretrainingCollator
 from omnibert.data.formats.convert import HDF5_SUFFIXES, TFRECORD_SUFFIXES
-from omnibert.data.packed import PackedData, PackingSettings, batch_shapes
+from omnibert.data.packed import PackedData, PackingSettings
 from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler
 from omnibert.data.shards import COLUMNS
 
@@ -130,9 +130,7 @@ def train_loader(module: _LoaderSettings, rows: Dataset[Any], num_rows: int) -> 
     collator = PretrainingCollator(
         module.max_seq_length,
         module.max_predictions_per_seq,
-        max_sequences_per_pack=module.packing.max_sequences_per_pack
-        if module.packing.enabled
-        else 1,
+        max_sequences_per_pack=module.packing.sequences_per_row_max,
         max_predictions_per_pack=module.predictions_per_pack,
     )
     return build_loader(
@@ -615,28 +613,16 @@ class PretrainingDataModule(PackedData, pl.LightningDataModule):
 
     def describe(self) -> dict[str, Any]:
         """Plain facts for logs."""
-        b, s, p = self.micro_batch_size, self.max_seq_length, self.predictions_per_pack
-        k = self.packing.max_sequences_per_pack if self.packing.enabled else 1
         return {
             "format": self.format,
-            "packing": self.packing_report(),
             "train_path": self.train_path,
             "eval_path": self.eval_path,
             "arrow_dirs": {n: split.arrow_dir for n, split in self._splits.items()},
             "train_samples": self.num_train_samples,
             "eval_samples": self.num_eval_samples,
             "vocab_file": self.vocab_file,
-            "max_seq_length": s,
-            "max_predictions_per_seq": p,
-            "micro_batch_size": b,
-            "eval_micro_batch_size": self.eval_micro_batch_size,
-            "train_batches_per_epoch": self.num_train_rows // self.world_size // b,
-            "shapes": batch_shapes(b, s, p, k),
-            "num_workers": self.num_workers,
             "shuffle": self.shuffle,
-            "seed": self.seed,
-            "rank": self.rank,
-            "world_size": self.world_size,
+            **self.batch_facts(),
         }
 
     # ------------------------------------------------------------------ Lightning hooks

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from omnibert.data.collate import RowBlock, flatten_packs
 from omnibert.data.datamodule import DataConfigError, eval_loader, train_loader
-from omnibert.data.packed import PackedData, PackingSettings, batch_shapes
+from omnibert.data.packed import PackedData, PackingSettings
 
 __all__ = ["GeneratedDataModule", "GeneratedRows"]
 
@@ -251,25 +251,13 @@ class GeneratedDataModule(PackedData, pl.LightningDataModule):
         return self._num_eval_samples
 
     def describe(self) -> dict[str, Any]:
-        b, s, p = self.micro_batch_size, self.max_seq_length, self.predictions_per_pack
-        k = self.packing.max_sequences_per_pack if self.packing.enabled else 1
         return {
             "format": self.format,
-            "packing": self.packing_report(),
             "train_samples": self._num_train_samples,
             "eval_samples": self._num_eval_samples,
             "vocab_size": self._vocab_size,
             "length_histogram": self.length_histogram,
-            "max_seq_length": s,
-            "max_predictions_per_seq": self.max_predictions_per_seq,
-            "micro_batch_size": b,
-            "eval_micro_batch_size": self.eval_micro_batch_size,
-            "train_batches_per_epoch": self.num_train_rows // self.world_size // b,
-            "shapes": batch_shapes(b, s, p, k),
-            "num_workers": self.num_workers,
-            "seed": self.seed,
-            "rank": self.rank,
-            "world_size": self.world_size,
+            **self.batch_facts(),
         }
 
     def _histogram(self) -> list[int] | None:

@@ -54,6 +54,11 @@ class PackingSettings:
     def enabled(self) -> bool:
         return self.mode != "none"
 
+    @property
+    def sequences_per_row_max(self) -> int:
+        """K of a training row: ``max_sequences_per_pack`` when packing, else 1."""
+        return self.max_sequences_per_pack if self.enabled else 1
+
     @staticmethod
     def parse(mode: Any, pack: Mapping[str, Any] | None, error: _Error) -> PackingSettings:
         """Check the config values; ``error(message)`` builds the exception to raise."""
@@ -132,6 +137,8 @@ class PackedData:
     max_seq_length: int
     max_predictions_per_seq: int
     micro_batch_size: int
+    eval_micro_batch_size: int
+    num_workers: int
     shuffle: bool
     seed: int
     rank: int
@@ -194,6 +201,7 @@ class PackedData:
             lengths,
             masks,
             size,
+            pack_counts=self._packed().setdefault("epoch_packs", {}),
             max_sequence_length=self.max_seq_length,
             max_sequences_per_pack=s.max_sequences_per_pack,
             max_predictions_per_pack=self.predictions_per_pack,
@@ -220,6 +228,25 @@ class PackedData:
     def sequences_per_row(self) -> float:
         """Average sequences per training row (1.0 unpacked)."""
         return self.num_train_samples / self.num_train_rows
+
+    def batch_facts(self) -> dict[str, Any]:
+        """The training batch facts every data module's ``describe()`` reports."""
+        b, s = self.micro_batch_size, self.max_seq_length
+        p, k = self.predictions_per_pack, self.packing.sequences_per_row_max
+        return {
+            "packing": self.packing_report(),
+            "max_seq_length": s,
+            "max_predictions_per_seq": self.max_predictions_per_seq,
+            "max_predictions_per_row": p,
+            "micro_batch_size": b,
+            "eval_micro_batch_size": self.eval_micro_batch_size,
+            "train_batches_per_epoch": self.num_train_rows // self.world_size // b,
+            "shapes": batch_shapes(b, s, p, k),
+            "num_workers": self.num_workers,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
 
     def packing_report(self) -> dict[str, Any]:
         """Plain facts about the packing, for the plan and logs."""

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from omnibert.data.packing.online import WINDOW_ALGORITHMS, pack_window
-from omnibert.data.samplers import ResumableBatchSampler, SamplerStateError, _check_rank
+from omnibert.data.samplers import ResumableBatchSampler, _check_rank, check_saved_state
 
 __all__ = ["PackIndexBatchSampler", "PackedBatchSampler"]
 
@@ -47,7 +47,9 @@ def _seed(*parts: int) -> int:
 
 class PackedBatchSampler:
     """Yields, per step, this rank's ``batch_size`` packs (lists of dataset rows); see the
-    module docstring. ``lengths`` / ``masks``: tokens and masked positions of every row."""
+    module docstring. ``lengths`` / ``masks``: tokens and masked positions of every row;
+    ``pack_counts``: a cache of packs per data epoch to share (independent of batch size and
+    rank, so one count serves every sampler over the same rows and packing settings)."""
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class PackedBatchSampler:
         num_replicas: int = 1,
         rank: int = 0,
         batches_per_epoch: int | None = None,
+        pack_counts: dict[int, int] | None = None,
     ) -> None:
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.masks = np.asarray(masks, dtype=np.int64)
@@ -93,7 +96,9 @@ class PackedBatchSampler:
         self._start: tuple[int, int, Cursor] = (0, 0, (0, 0, 0))
         self._order: tuple[int, IntArray] | None = None  # (data epoch, permutation)
         self._window: tuple[int, int, list[list[int]]] | None = None
-        self._epoch_packs: dict[int, int] = {}
+        # packs per data epoch; a dict shared by samplers of the same data and packing settings
+        # (the data module's) so the whole-epoch count is made once, not per sampler
+        self._epoch_packs: dict[int, int] = {} if pack_counts is None else pack_counts
 
     # ------------------------------------------------------------------ the pack stream
     @property
@@ -215,18 +220,8 @@ class PackedBatchSampler:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mismatched = [
-            f"{key}={state.get(key)!r} (now {getattr(self, key)!r})"
-            for key in self._CHECKED
-            if state.get(key) != getattr(self, key)
-        ]
-        if mismatched:
-            raise SamplerStateError(
-                "the checkpoint's packing sampler was saved with "
-                + ", ".join(mismatched)
-                + ", so its position means nothing here; resume with the same data, packing "
-                "settings, micro batch size, number of devices and seed, or start a fresh run."
-            )
+        same = "data, packing settings, micro batch size, number of devices and seed"
+        check_saved_state(self, state, self._CHECKED, "packing sampler", same)
         cursor = tuple(int(x) for x in state["cursor"])
         assert len(cursor) == 3
         self.epoch, self._position = int(state["epoch"]), int(state["position"])

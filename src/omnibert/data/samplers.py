@@ -28,6 +28,25 @@ class SamplerStateError(ValueError):
     """A saved sampler state does not belong to this sampler's configuration."""
 
 
+def check_saved_state(
+    owner: object, state: dict[str, Any], keys: tuple[str, ...], sampler: str, same: str
+) -> None:
+    """Raise :class:`SamplerStateError` when a saved sampler ``state`` disagrees with
+    ``owner`` on any of ``keys`` (then its position means nothing for this run)."""
+    mismatched = [
+        f"{key}={state.get(key)!r} (now {getattr(owner, key)!r})"
+        for key in keys
+        if state.get(key) != getattr(owner, key)
+    ]
+    if mismatched:
+        raise SamplerStateError(
+            f"the checkpoint's {sampler} was saved with "
+            + ", ".join(mismatched)
+            + f", so its position means nothing here; resume with the same {same}, or start "
+            "a fresh run."
+        )
+
+
 def _check_rank(num_replicas: int, rank: int) -> None:
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas}).")
@@ -141,18 +160,9 @@ class ResumableBatchSampler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mismatched = [
-            f"{key}={state.get(key)!r} (now {getattr(self, key)!r})"
-            for key in ("num_samples", "batch_size", "num_replicas", "seed", "shuffle", "drop_last")
-            if state.get(key) != getattr(self, key)
-        ]
-        if mismatched:
-            raise SamplerStateError(
-                "the checkpoint's data sampler was saved with "
-                + ", ".join(mismatched)
-                + ", so its position means nothing here; resume with the same data, micro "
-                "batch size, number of devices and seed, or start a fresh run."
-            )
+        keys = ("num_samples", "batch_size", "num_replicas", "seed", "shuffle", "drop_last")
+        same = "data, micro batch size, number of devices and seed"
+        check_saved_state(self, state, keys, "data sampler", same)
         self.epoch = int(state["epoch"])
         self._position = int(state["position"])
         self._start = (self.epoch, self._position)
