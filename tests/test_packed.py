@@ -8,11 +8,12 @@ import pyarrow as pa
 import pytest
 import torch
 import torch.nn.functional as F
+from test_model import NO_DROPOUT, model_of
 
 from omnibert.data.collate import ArrowRows, CollateError, PretrainingCollator, RowBlock
 from omnibert.data.packed import PackingSettings, default_predictions_per_pack
 from omnibert.data.packing.online import best_fit_decreasing, pack_window
-from omnibert.models import BertConfig, BertForPreTraining
+from omnibert.models import BertForPreTraining
 from omnibert.tasks.plan import batch_plan, packed_batch_plan
 
 VOCAB = 61
@@ -108,23 +109,8 @@ def test_packs_that_do_not_fit_are_named(packs, limits, expected) -> None:
 
 
 def tiny_model() -> BertForPreTraining:
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=S,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    model = BertForPreTraining(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(0.0, 0.1)
-    return model
+    """test_model's BERT (non-zero biases, dropout off) with this file's vocab and length."""
+    return model_of(NO_DROPOUT.replace(vocab_size=VOCAB, max_position_embeddings=S))
 
 
 def per_sequence_losses(

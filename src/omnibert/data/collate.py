@@ -190,8 +190,8 @@ class _Layout:
         row = np.repeat(np.arange(pack_sizes.size), pack_sizes)
         slot = np.arange(row.size) - first[row]
         token_start, mask_start = _starts(seq_lengths), _starts(mlm_counts)
-        offset = token_start - token_start[first][row] if row.size else token_start
-        mask_offset = mask_start - mask_start[first][row] if row.size else mask_start
+        offset = token_start - token_start[first][row]
+        mask_offset = mask_start - mask_start[first][row]
         return _Layout(
             row=row,
             slot=slot,
