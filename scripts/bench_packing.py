@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from omnibert.data.packing import PackPlan, pack_histogram, pack_lengths
-from omnibert.data.packing.nnlshp import SHORT_LENGTH, SHORT_LENGTH_WEIGHT, exact_fill_strategies
+from omnibert.packing import PackPlan, pack_histogram, pack_lengths
+from omnibert.packing.nnlshp import SHORT_LENGTH, SHORT_LENGTH_WEIGHT, exact_fill_strategies
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/wikipedia_seqlen_histogram_512.json"
 
@@ -152,7 +152,7 @@ def main() -> None:
 def online_table(population: Any, size: int) -> None:
     """Online packing (data.packing=online): efficiency of packing windows of a shuffled
     stream, per window (buffer) size and algorithm, at K=3 and P=80 (seq 512, 76 masks)."""
-    from omnibert.data.packing.online import pack_window
+    from omnibert.packing.online import pack_window
 
     rng = np.random.default_rng(0)
     stream = rng.choice(population, size)

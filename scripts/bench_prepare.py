@@ -24,9 +24,9 @@ from pathlib import Path
 
 import datasets
 
-from omnibert.data.corpus import build_embedded_corpus
-from omnibert.data.instances import InstanceSettings
-from omnibert.data.pipeline import prepare
+from omnibert.prepare.corpus import build_embedded_corpus
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pipeline import prepare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
 

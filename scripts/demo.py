@@ -32,8 +32,9 @@ def run(args: list[str]) -> None:
 
 
 def main() -> None:
-    from omnibert.data.corpus import build_embedded_corpus
-    from omnibert.data.stats import majority_baseline
+    from majority_baseline import majority_baseline
+
+    from omnibert.prepare.corpus import build_embedded_corpus
 
     start = time.perf_counter()
     corpus = build_embedded_corpus(OUT / "corpus", num_train_files=2)

@@ -11,16 +11,15 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from omnibert.accelerators import AcceleratorError, build_plugin
 from omnibert.accelerators.cpu import CPUPlugin
 from omnibert.accelerators.gpu import GPUPlugin
-from omnibert.config import CONF_DIR
-from omnibert.train import run, run_or_exit
+from omnibert.apps.compose import compose, group_options
+from omnibert.apps.train import run, run_or_exit
 
-ACCELERATORS = sorted(p.stem for p in (CONF_DIR / "accelerator").glob("*.yaml"))
+ACCELERATORS = group_options("accelerator")
 #: trainer keys that read the accelerator group (trainer/default.yaml interpolations)
 HARDWARE_TRAINER_KEYS = {"trainer.accelerator", "trainer.devices", "trainer.num_nodes",
                          "trainer.strategy"}  # fmt: skip
@@ -28,8 +27,7 @@ SMOKE = ("experiment=smoke",)
 
 
 def _compose(*overrides: str) -> Any:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="pretrain", overrides=list(overrides))
+    return compose("pretrain", list(overrides))
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:

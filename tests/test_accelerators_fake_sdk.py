@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from omnibert.accelerators import AcceleratorError, build_plugin
 from omnibert.accelerators.hpu import HPUPlugin
-from omnibert.config import CONF_DIR
-from omnibert.train import run
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run
 
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
 FAKES = ("poptorch", "habana_frameworks", "lightning_habana")
@@ -37,8 +36,7 @@ def fake_sdk(monkeypatch):
 
 
 def _compose(*overrides: str) -> Any:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="pretrain", overrides=list(overrides))
+    return compose("pretrain", list(overrides))
 
 
 # ---------------------------------------------------------------------------------- HPU

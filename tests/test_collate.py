@@ -18,7 +18,7 @@ from omnibert.data.collate import (
     PretrainingCollator,
     RowBlock,
 )
-from omnibert.data.shards import features
+from omnibert.data.schema import features
 
 SEQ, PREDS = 16, 4
 

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-import omnibert.accelerators.compile_only as compile_only_module
-from omnibert.accelerators.compile_only import meta_batch, saved_activation_bytes
+import omnibert.run.compile_only as compile_only_module
 from omnibert.accelerators.cpu import CPUPlugin
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
 from omnibert.callbacks.throughput import bert_pretraining_flops
-from omnibert.config import CONF_DIR
 from omnibert.data.collate import PretrainingCollator
 from omnibert.data.generated import GeneratedDataModule
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.train import run_or_exit
+from omnibert.run.compile_only import meta_batch, saved_activation_bytes
 
 SMOKE = ("experiment=smoke", "data.num_workers=0", "compile_only=true")
 # the smoke model (conf/experiment/smoke.yaml)
@@ -37,10 +36,7 @@ TINY = dict(
 
 
 def _compose(root: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            config_name="pretrain", overrides=[f"paths.output_root={root}", *SMOKE, *overrides]
-        )
+    return compose("pretrain", [f"paths.output_root={root}", *SMOKE, *overrides])
 
 
 def test_compile_only_reports_without_training(tmp_path, capsys):
@@ -134,7 +130,7 @@ def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "omnibert.train", "-m", *SMOKE),
+            *(sys.executable, "-m", "omnibert.apps.train", "-m", *SMOKE),
             *(f"paths.output_root={tmp_path}", "micro_batch_size=2,4", f"hydra.sweep.dir={sweep}"),
         ],
         cwd=tmp_path,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from omnibert.data.corpus import (
+from omnibert.prepare.corpus import (
     CorpusSummary,
     build_embedded_corpus,
     docstring_paragraphs,
@@ -16,7 +16,7 @@ from omnibert.data.corpus import (
     iter_stdlib_sources,
     stdlib_dir,
 )
-from omnibert.data.sentences import SentenceSplitterError, split_sentences
+from omnibert.prepare.sentences import SentenceSplitterError, split_sentences
 
 #: real stdlib modules copied into a small fake stdlib so the tests run in seconds.
 SAMPLE_MODULES = [

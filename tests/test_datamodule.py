@@ -22,11 +22,11 @@ from omnibert.data.datamodule import (
     PretrainingDataModule,
     lightning_epoch_batches,
 )
-from omnibert.data.formats.hdf5 import write_hdf5
-from omnibert.data.formats.tfrecord import write_tfrecord
 from omnibert.data.generated import GeneratedDataModule
-from omnibert.data.instances import InstanceSettings
-from omnibert.data.pipeline import prepare
+from omnibert.prepare.formats.hdf5 import write_hdf5
+from omnibert.prepare.formats.tfrecord import write_tfrecord
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pipeline import prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 CONF = Path(__file__).parents[1] / "conf" / "data"

@@ -1,7 +1,7 @@
 """Multi-process data parallelism and SLURM.
 
 Two CPU processes (Lightning DDP over gloo, launched by Lightning itself from
-``python -m omnibert.train accelerator.devices=2``) train to the same weights as one process
+``python -m omnibert.apps.train accelerator.devices=2``) train to the same weights as one process
 with the same global batch and seed; the ranks read disjoint rows whose union is the
 one-process global batch; a SLURM job whose task layout does not match the accelerator
 config is refused at start; the submitit launcher config gives SLURM the accelerator's shape.
@@ -17,16 +17,15 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from omnibert.accelerators.slurm import check_slurm_layout
-from omnibert.config import CONF_DIR
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
 from omnibert.data.generated import GeneratedDataModule
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.tasks.plan import TrainConfigError
-from omnibert.train import run_or_exit
+from omnibert.run.plan import TrainConfigError
+from omnibert.run.slurm import check_slurm_layout
 
 # experiment=smoke (global batch 8, 6 steps) without dropout: with dropout each rank would
 # draw its own masks, which no single process reproduces. One masked position per row: the
@@ -45,8 +44,7 @@ SMOKE = (
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="pretrain", overrides=list(overrides))
+    return compose("pretrain", list(overrides))
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -77,7 +75,7 @@ def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "omnibert.train", *SMOKE),
+            *(sys.executable, "-m", "omnibert.apps.train", *SMOKE),
             *(f"paths.output_root={two}", "accelerator.devices=2"),
         ],
         cwd=two,
@@ -185,19 +183,18 @@ def test_the_submitit_launcher_takes_the_job_shape_from_the_accelerator(tmp_path
     srun.write_text("#!/bin/sh\necho 'FAKE srun for omnibert tests' >&2\nexit 1\n")
     srun.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="pretrain",
-            overrides=[
-                "hydra/launcher=slurm_gpu",
-                "accelerator=gpu",
-                "accelerator.devices=4",
-                "accelerator.num_nodes=2",
-                f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                "hydra.launcher.partition=p1",
-            ],
-            return_hydra_config=True,
-        )
+    cfg = compose(
+        "pretrain",
+        [
+            "hydra/launcher=slurm_gpu",
+            "accelerator=gpu",
+            "accelerator.devices=4",
+            "accelerator.num_nodes=2",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            "hydra.launcher.partition=p1",
+        ],
+        return_hydra_config=True,
+    )
     launcher = instantiate(cfg.hydra.launcher)
     launcher.setup(hydra_context=None, task_function=None, config=cfg)
     scripts = []

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
-from omnibert import export as export_app
-from omnibert.config import CONF_DIR
+from omnibert.apps import export as export_app
+from omnibert.apps.compose import compose
 from omnibert.convert import (
     ConversionError,
     export_hf,
@@ -259,8 +258,7 @@ def test_export_app_writes_a_transformers_checkpoint(tmp_path: Path) -> None:
     assert config == model.config and hparams["vocab_file"] == str(vocab)
     assert torch.equal(state["cls.seq_relationship.weight"], model.cls.seq_relationship.weight)
     out = tmp_path / "hf"
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("export", overrides=[f"ckpt={ckpt}", f"out={out}"])
+    cfg = compose("export", [f"ckpt={ckpt}", f"out={out}"])
     export_app.run(cfg)
     hf, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
@@ -280,7 +278,7 @@ def test_export_app_refuses_a_non_empty_out_dir(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "omnibert.export",
+            "omnibert.apps.export",
             f"ckpt={ckpt}",
             f"out={out}",
             f"hydra.run.dir={tmp_path / 'hydra'}",

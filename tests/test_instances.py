@@ -14,16 +14,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnibert.data.instances import (
+from omnibert.prepare.instances import (
     InstanceSettings,
     TokenizedDocuments,
     create_instances,
     read_lines,
     tokenize_documents,
 )
-from omnibert.data.python_random import check_against_stdlib, randint, random_float, state_from_seed
-from omnibert.data.tokenization import BertTokenizer
-from omnibert.data.vocab import Vocab
+from omnibert.prepare.python_random import (
+    check_against_stdlib,
+    randint,
+    random_float,
+    state_from_seed,
+)
+from omnibert.tokenization.bert_tokenizer import BertTokenizer
+from omnibert.tokenization.vocab import Vocab
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

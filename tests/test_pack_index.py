@@ -17,15 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from omnibert.data.instances import InstanceSettings
-from omnibert.data.pack_index import (
-    PackIndexError,
-    build_pack_index,
-    load_pack_index,
-    row_lengths,
-)
-from omnibert.data.pack_index_arrays import split_over_budget
-from omnibert.data.pipeline import prepare
+from omnibert.data.pack_index import PackIndexError, load_pack_index, row_lengths
+from omnibert.packing.budget import split_over_budget
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pack_index import build_pack_index
+from omnibert.prepare.pipeline import prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 S, P_SEQ = 64, 10
@@ -277,18 +273,15 @@ def test_row_lengths_reads_offsets_in_row_order(tmp_path: Path) -> None:
 
 
 def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
+    from omnibert.apps.compose import compose
 
-    from omnibert.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="prepare", overrides=overrides)
+    return compose("prepare", overrides)
 
 
 def test_app_packs_an_existing_output_dir_without_touching_its_data(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from omnibert.prepare import run
+    from omnibert.apps.prepare import run
 
     before = file_hashes(data_dir)
     cfg = _compose([f"output_dir={data_dir}", "pack.enabled=true", "progress=false"])
@@ -303,7 +296,7 @@ def test_app_packs_an_existing_output_dir_without_touching_its_data(
 
 
 def test_app_prepares_and_packs_in_one_run(bert_vocab_file: Path, tmp_path: Path) -> None:
-    from omnibert.prepare import run
+    from omnibert.apps.prepare import run
 
     out = tmp_path / "out"
     cfg = _compose(

@@ -12,9 +12,9 @@ from test_model import NO_DROPOUT, model_of
 
 from omnibert.data.collate import ArrowRows, CollateError, PretrainingCollator, RowBlock
 from omnibert.data.packed import PackingSettings, default_predictions_per_pack
-from omnibert.data.packing.online import best_fit_decreasing, pack_window
 from omnibert.models import BertForPreTraining
-from omnibert.tasks.plan import batch_plan, packed_batch_plan
+from omnibert.packing.online import best_fit_decreasing, pack_window
+from omnibert.run.plan import batch_plan, packed_batch_plan
 
 VOCAB = 61
 S, P, K = 32, 5, 3

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from omnibert.config import CONF_DIR
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
 from omnibert.data.packed_sampler import PackedBatchSampler, PackIndexBatchSampler
 from omnibert.data.samplers import SamplerStateError
-from omnibert.train import run_or_exit
 
 RNG = np.random.default_rng(11)
 LENGTHS = RNG.integers(4, 65, 700)
@@ -125,16 +124,15 @@ PACKED = (
 
 def _run(root: Path, *overrides: str) -> dict:
     (root / "hist.json").write_text(json.dumps(SHORT))
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "pretrain",
-            overrides=[
-                *PACKED,
-                f"data.length_histogram={root / 'hist.json'}",
-                f"paths.output_root={root}",
-                *overrides,
-            ],
-        )
+    cfg = compose(
+        "pretrain",
+        [
+            *PACKED,
+            f"data.length_histogram={root / 'hist.json'}",
+            f"paths.output_root={root}",
+            *overrides,
+        ],
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

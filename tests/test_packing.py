@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnibert.data.packing import PackPlan, assign_packs, pack_histogram, pack_lengths
-from omnibert.data.packing.nnls import nnls_sparse
-from omnibert.data.packing.nnlshp import exact_fill_strategies
+from omnibert.packing import PackPlan, assign_packs, pack_histogram, pack_lengths
+from omnibert.packing.nnls import nnls_sparse
+from omnibert.packing.nnlshp import exact_fill_strategies
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wikipedia_seqlen_histogram_512.json"
 ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "ffd")

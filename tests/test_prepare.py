@@ -12,9 +12,10 @@ from pathlib import Path
 import datasets
 import pytest
 
-from omnibert.data import shards
-from omnibert.data.instances import InstanceSettings
-from omnibert.data.pipeline import PrepareError, prepare
+from omnibert.data import schema
+from omnibert.prepare import shards
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pipeline import PrepareError, prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 SETTINGS_128 = InstanceSettings(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2)
@@ -50,9 +51,9 @@ def test_two_workers_write_reference_rows_in_input_order(
     )
     single = reference_rows("single-doc-64")
     dataset = datasets.load_from_disk(str(out))
-    assert list(dataset.column_names) == list(shards.COLUMNS)
+    assert list(dataset.column_names) == list(schema.COLUMNS)
     # the first input file's rows come first, each file's rows in the reference's order
-    assert dataset[: len(single)] == {k: [r[k] for r in single] for k in shards.COLUMNS}
+    assert dataset[: len(single)] == {k: [r[k] for r in single] for k in schema.COLUMNS}
     assert summary.files == 2 and summary.instances == len(dataset)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["counts"]["instances"] == len(dataset)
@@ -196,17 +197,14 @@ def test_cli_runs_and_reports_missing_keys(
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from omnibert.apps.compose import compose
 
-    from omnibert.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="prepare", overrides=overrides)
+    return compose("prepare", overrides)
 
 
 def test_app_trains_a_vocab_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from omnibert.data.vocab import Vocab
-    from omnibert.prepare import run
+    from omnibert.apps.prepare import run
+    from omnibert.tokenization.vocab import Vocab
 
     vocab = tmp_path / "vocab.txt"
     cfg = _compose(
@@ -230,8 +228,8 @@ def test_app_trains_a_vocab_when_asked(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_app_reads_wikiextractor_output(bert_vocab_file: Path, tmp_path: Path) -> None:
-    from omnibert.data.wikipedia import document_sentences, iter_documents
-    from omnibert.prepare import run
+    from omnibert.apps.prepare import run
+    from omnibert.prepare.wikipedia import document_sentences, iter_documents
 
     wiki = Path(__file__).parent / "fixtures" / "wiki" / "extracted" / "AA" / "wiki_00"
     cfg = _compose(

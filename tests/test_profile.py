@@ -9,31 +9,29 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from torch.profiler import ProfilerActivity
 
-from omnibert.accelerators.profiling import (
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
+from omnibert.run.plan import TrainConfigError
+from omnibert.run.profiling import (
     ProfileSettings,
     build_profiler,
     profile_settings,
     profiler_activities,
 )
-from omnibert.config import CONF_DIR
-from omnibert.tasks.plan import TrainConfigError
-from omnibert.train import run_or_exit
 
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
 
 
 def _compose(root: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            config_name="pretrain",
-            overrides=[
-                *("experiment=smoke", "data.num_workers=0", f"paths.output_root={root}"),
-                *overrides,
-            ],
-        )
+    return compose(
+        "pretrain",
+        [
+            *("experiment=smoke", "data.num_workers=0", f"paths.output_root={root}"),
+            *overrides,
+        ],
+    )
 
 
 def test_profile_writes_a_chrome_trace_of_the_scheduled_steps(tmp_path, capsys):

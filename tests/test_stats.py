@@ -6,8 +6,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-
-from omnibert.data.stats import majority_baseline, masked_ids
+from majority_baseline import majority_baseline, masked_ids
 
 
 def _shards(path: Path, masked: list[list[int]]) -> Path:

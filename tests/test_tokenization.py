@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from omnibert.data.basic_tokenizer import FullTokenizer
-from omnibert.data.tokenization import BertTokenizer
-from omnibert.data.vocab import Vocab
+from omnibert.tokenization.basic_tokenizer import FullTokenizer
+from omnibert.tokenization.bert_tokenizer import BertTokenizer
+from omnibert.tokenization.vocab import Vocab
 
 FIXTURE = json.loads(
     (Path(__file__).parent / "fixtures" / "tokenization_reference.json").read_text()

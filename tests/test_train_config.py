@@ -9,13 +9,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.config import CONF_DIR
+from omnibert.apps.compose import compose, group_options
 from omnibert.models import BertConfig
-from omnibert.tasks.plan import (
+from omnibert.run.plan import (
     TrainConfigError,
     batch_plan,
     check_optimizer,
@@ -42,13 +41,11 @@ GROUPS = (
 
 
 def _options(group: str) -> list[str]:
-    folder = CONF_DIR / group.split("@")[0]
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+    return group_options(group.split("@")[0])
 
 
 def _compose(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="pretrain", overrides=list(overrides))
+    return compose("pretrain", list(overrides))
 
 
 def _base_overrides(tmp_path: Path) -> list[str]:

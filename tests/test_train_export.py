@@ -7,12 +7,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from hydra import compose, initialize_config_dir
 
-from omnibert import export as export_app
-from omnibert.config import CONF_DIR
+from omnibert.apps import export as export_app
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
 from omnibert.convert.hf import model_from_pretraining_checkpoint
-from omnibert.train import run_or_exit
 
 
 def test_trained_checkpoint_exports_to_transformers_with_identical_logits(tmp_path: Path) -> None:
@@ -21,16 +20,11 @@ def test_trained_checkpoint_exports_to_transformers_with_identical_logits(tmp_pa
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            train_cfg = compose(
-                "pretrain", overrides=["experiment=smoke", f"paths.output_root={tmp_path}"]
-            )
-            summary = run_or_exit(train_cfg, tmp_path / "run")
-            ckpt = Path(summary["last_checkpoint"])
-            out = tmp_path / "hf"
-            export_cfg = compose(
-                "export", overrides=[f"ckpt={ckpt}", f"out={out}", f"vocab_file={vocab}"]
-            )
+        train_cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"])
+        summary = run_or_exit(train_cfg, tmp_path / "run")
+        ckpt = Path(summary["last_checkpoint"])
+        out = tmp_path / "hf"
+        export_cfg = compose("export", [f"ckpt={ckpt}", f"out={out}", f"vocab_file={vocab}"])
         export_app.run(export_cfg)
     finally:
         torch.set_num_threads(threads)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from omnibert.config import CONF_DIR
-from omnibert.data.instances import InstanceSettings
-from omnibert.data.pipeline import prepare
-from omnibert.train import run_or_exit
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pipeline import prepare
 
-REFERENCE = Path(__file__).parent / "fixtures" / "reference"
+TESTS = Path(__file__).parent  # faults.KillAtStep for the killed runs
+REFERENCE = TESTS / "fixtures" / "reference"
 # experiment=smoke (1-layer 32-wide BERT with dropout 0.1, generated data, global batch 8 =
 # 2 micro-batches of 4) on 28 rows: 3 optimiser steps per pass over the data (the 7th
 # micro-batch of each pass is left out so every step sees a whole global batch), a
@@ -34,10 +34,18 @@ SMOKE = (
 
 
 def _train(root: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    """``python -m omnibert.train`` in a fresh process (one CPU thread)."""
+    """``python -m omnibert.apps.train`` in a fresh process (one CPU thread)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "omnibert.train", *SMOKE, f"paths.output_root={root}", *overrides],
+        [
+            sys.executable,
+            "-m",
+            "omnibert.apps.train",
+            *SMOKE,
+            f"paths.output_root={root}",
+            *overrides,
+        ],
         cwd=root,
         env=env,
         capture_output=True,
@@ -47,7 +55,7 @@ def _train(root: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
 
 
 def _kill_at(step: int) -> str:
-    return f"+callbacks.kill={{_target_:omnibert.callbacks.KillAtStep,step:{step}}}"
+    return f"+callbacks.kill={{_target_:faults.KillAtStep,step:{step}}}"
 
 
 def _state(path: Path) -> dict:
@@ -143,11 +151,10 @@ def test_resuming_at_the_end_of_a_pass_with_a_loader_worker_is_bitwise(tmp_path,
 def _compose(root: Path, *overrides: str):
     if not any(o.startswith("data=") for o in overrides):
         overrides = ("experiment=smoke", *overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            config_name="pretrain",
-            overrides=[f"paths.output_root={root}", *overrides],
-        )
+    return compose(
+        "pretrain",
+        [f"paths.output_root={root}", *overrides],
+    )
 
 
 def _refused(root: Path, capsys, *overrides: str) -> str:
@@ -273,7 +280,7 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
 
 
 def test_temporaries_of_killed_writers_are_removed_and_checkpoints_kept(tmp_path):
-    from omnibert.tasks.plan import remove_stale_temporaries
+    from omnibert.run.plan import remove_stale_temporaries
 
     (tmp_path / "last.ckpt").write_bytes(b"real")
     (tmp_path / ".last.ckpt.tmp-4242").write_bytes(b"half")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from omnibert.data.vocab import SPECIAL_TOKENS, Vocab, VocabError
-from omnibert.data.vocab_training import count_words, learn_wordpiece, train_wordpiece_vocab
+from omnibert.prepare.vocab_training import count_words, learn_wordpiece, train_wordpiece_vocab
+from omnibert.tokenization.vocab import SPECIAL_TOKENS, Vocab, VocabError
 
 FIXTURE_TEXT = Path(__file__).parent / "fixtures" / "wiki" / "extracted"
 
@@ -119,7 +119,7 @@ def test_merges_pick_the_most_frequent_pair_and_break_ties_by_text() -> None:
 
 _TRAIN = """
 import sys
-from omnibert.data.vocab_training import train_wordpiece_vocab
+from omnibert.prepare.vocab_training import train_wordpiece_vocab
 if __name__ == "__main__":
     train_wordpiece_vocab(sys.argv[2:], sys.argv[1], 350, True, processes=2)
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omnibert.data.wikipedia import (
+from omnibert.prepare.wikipedia import (
     WikiFormatError,
     document_sentences,
     find_extracted_files,

@@ -17,8 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from omnibert.data.sentences import BACKENDS
-from omnibert.data.wikipedia import WikiFormatError, prepare_wikipedia
+from omnibert.prepare.sentences import BACKENDS
+from omnibert.prepare.wikipedia import WikiFormatError, prepare_wikipedia
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from omnibert.errors import UserError
 
-class AcceleratorError(RuntimeError):
+
+class AcceleratorError(UserError):
     """The selected accelerator cannot run here: one sentence naming what is missing and the fix."""
 
 

@@ -2,7 +2,6 @@
 
 * :class:`~omnibert.callbacks.throughput.PretrainingThroughput`: samples, real tokens,
   real sequences per second, FLOPs and MFU.
-* :class:`~omnibert.callbacks.fault.KillAtStep`: ``SIGKILL`` after a checkpoint (resume tests).
 * :class:`~omnibert.callbacks.checkpoint_io.AtomicCheckpointIO`: write-then-rename checkpoints.
 * :class:`~omnibert.callbacks.checkpoint.PretrainingCheckpoint`: ``ModelCheckpoint`` that
   also saves the final step.
@@ -10,7 +9,6 @@
 
 from omnibert.callbacks.checkpoint import PretrainingCheckpoint
 from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO
-from omnibert.callbacks.fault import KillAtStep
 from omnibert.callbacks.throughput import PretrainingThroughput
 
-__all__ = ["AtomicCheckpointIO", "KillAtStep", "PretrainingCheckpoint", "PretrainingThroughput"]
+__all__ = ["AtomicCheckpointIO", "PretrainingCheckpoint", "PretrainingThroughput"]

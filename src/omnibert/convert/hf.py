@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
 
 #: Tensors that are other tensors under a second name (HF ties them the same way).
@@ -37,7 +38,7 @@ _BUFFER_SUFFIXES = ("position_ids", "token_type_ids")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError):
     """A checkpoint that cannot be read into (or written from) the model as asked."""
 
 

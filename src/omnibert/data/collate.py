@@ -36,6 +36,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
+from omnibert.errors import UserError
+
 __all__ = [
     "BATCH_KEYS",
     "ROW_KEYS",
@@ -68,7 +70,7 @@ _TORCH_DTYPES: dict[type[np.generic], torch.dtype] = {
 }
 
 
-class CollateError(ValueError):
+class CollateError(UserError):
     """A row does not fit the batch settings; the message names the row and the fix."""
 
 

@@ -2,7 +2,7 @@
 
 ``format=arrow`` reads ``omnibert-prepare`` output directories (HF ``datasets`` Arrow files
 plus ``metadata.json``). ``format=tfrecord`` (MLPerf / Google) and ``format=hdf5`` (NVIDIA)
-read the same records through :mod:`omnibert.data.formats`: their files are converted once
+read the same records through :mod:`omnibert.prepare.formats`: their files are converted once
 into an Arrow cache under ``cache_dir`` (one directory per set of inputs, keyed by the files'
 paths, sizes and mtimes and the settings; built under a temporary name and renamed, so a
 concurrent or interrupted conversion never leaves a half-written cache) and then served
@@ -38,10 +38,11 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from omnibert.data.collate import ArrowRows, PretrainingCollator
-from omnibert.data.formats.convert import HDF5_SUFFIXES, TFRECORD_SUFFIXES
 from omnibert.data.packed import PackedData, PackingSettings
 from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler
-from omnibert.data.shards import COLUMNS
+from omnibert.data.schema import COLUMNS
+from omnibert.errors import UserError
+from omnibert.prepare.formats.convert import HDF5_SUFFIXES, TFRECORD_SUFFIXES
 
 __all__ = [
     "FORMATS",
@@ -58,7 +59,7 @@ COMPARED += ("do_lower_case", "do_whole_word_mask")
 CACHE_FILE = "omnibert-cache.json"  # sources and largest token id of a converted cache
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError):
     """The data configuration cannot work; the message names the key/path and the fix."""
 
 
@@ -235,7 +236,7 @@ def _load_arrow(key: str, split: _Split) -> Any:
 
 
 def _read_vocab(path: str) -> tuple[str, int]:
-    from omnibert.data.vocab import Vocab, VocabError
+    from omnibert.tokenization.vocab import Vocab, VocabError
 
     try:
         vocab = Vocab.from_file(path)
@@ -272,15 +273,15 @@ def _file_layout(fmt: str, path: str) -> tuple[int, int, int | None] | None:
     if fmt == "hdf5":
         import h5py
 
-        from omnibert.data.formats.hdf5 import read_hdf5
+        from omnibert.prepare.formats.hdf5 import read_hdf5
 
         if next(read_hdf5(path, chunk_rows=1), None) is None:  # raises on a foreign layout
             return None
         with h5py.File(path, "r") as f:
             rows = int(f["input_ids"].shape[0])
             return int(f["input_ids"].shape[1]), int(f["masked_lm_positions"].shape[1]), rows
-    from omnibert.data.formats.example_proto import decode_varints, parse_example_raw
-    from omnibert.data.formats.tfrecord import iter_tfrecord_payloads, read_tfrecord
+    from omnibert.prepare.formats.example_proto import decode_varints, parse_example_raw
+    from omnibert.prepare.formats.tfrecord import iter_tfrecord_payloads, read_tfrecord
 
     if next(read_tfrecord(path, block_size=1), None) is None:  # validates the first example
         return None
@@ -502,7 +503,7 @@ class PretrainingDataModule(PackedData, pl.LightningDataModule):
     def _convert(self, split: _Split) -> None:
         import pyarrow.compute as pc
 
-        from omnibert.data.formats.convert import convert_to_arrow
+        from omnibert.prepare.formats.convert import convert_to_arrow
 
         scratch = tempfile.mkdtemp(prefix=".convert-", dir=self.cache_dir)
         try:

@@ -1,26 +1,22 @@
-"""Offline pack index: which dataset rows share a packed row, computed once and stored next
-to the shards (``omnibert-prepare ... pack.enabled=true``).
+"""Reading the offline pack index ``omnibert-prepare ... pack.enabled=true`` writes next to the
+shards (:mod:`omnibert.prepare.pack_index` builds it): which dataset rows share a packed row.
 
-The token data is never rewritten: an index is a small array of row numbers that the data
-module reads to gather the sequences of each pack. Layout::
+Layout::
 
     <data_dir>/packs/<name>/          name defaults to "<algorithm>-k<K>"
       packs.npy      int32 [num_packs, K] (int64 from 2**31 rows): dataset rows of each pack,
                      longest first, -1 in unused slots; packs in a seeded shuffled order
       packing.json   format, data fingerprint, settings and pack statistics
 
-An index is built in a temporary directory inside ``packs/`` and renamed into place, so a
-crash leaves either the old index or the new one, never half of one.
+:func:`load_pack_index` checks an index against the data it will index before training
+uses it; :func:`row_lengths` reads the tokens and masked positions of every row from the
+Arrow offsets (online packing and the index builder both need them). Vectorised NumPy only.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,31 +24,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from omnibert.data.pack_index_arrays import (
-    array_problem,
-    pack_statistics,
-    row_lengths,
-    split_over_budget,
-    to_matrix,
-)
+from omnibert.errors import UserError
 
 FORMAT_NAME = "omnibert-pack-index"
 FORMAT_VERSION = 1
 PACKS_DIR = "packs"
 ARRAY_FILE = "packs.npy"
 INFO_FILE = "packing.json"
-__all__ = [
-    "PackIndex",
-    "PackIndexError",
-    "build_pack_index",
-    "load_pack_index",
-    "row_lengths",
-]
+Ints = npt.NDArray[np.int64]
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")
+__all__ = ["PackIndex", "PackIndexError", "array_problem", "load_pack_index", "row_lengths"]
 
 
-class PackIndexError(ValueError):
+class PackIndexError(UserError):
     """A problem with the data directory, the pack settings or a stored index, in one sentence."""
 
 
@@ -69,7 +53,7 @@ def default_name(algorithm: str, max_sequences_per_pack: int) -> str:
     return f"{algorithm}-k{max_sequences_per_pack}"
 
 
-def _hint(data_dir: Path, max_sequences_per_pack: int, name: str | None = None) -> str:
+def rebuild_hint(data_dir: Path, max_sequences_per_pack: int, name: str | None = None) -> str:
     """The omnibert-prepare command that (re)builds index `name` (default: the default name)
     for `max_sequences_per_pack`."""
     command = f"omnibert-prepare output_dir={data_dir} pack.enabled=true"
@@ -82,258 +66,42 @@ def _hint(data_dir: Path, max_sequences_per_pack: int, name: str | None = None) 
     return command
 
 
-def check_pack_settings(
-    algorithm: str,
-    max_sequences_per_pack: int,
-    max_predictions_per_pack: int | None,
-    name: str | None,
-    options: dict[str, Any] | None,
-) -> str:
-    """Refuse bad `pack.*` settings before any work; returns the index name."""
-    from omnibert.data.packing.api import ALGORITHMS, OPTIONS
+def row_lengths(dataset: Any) -> tuple[Ints, Ints]:
+    """Tokens and masked positions of every row, read from the Arrow list offsets.
 
-    if algorithm not in ALGORITHMS:
-        raise PackIndexError(
-            f"pack.algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}; choose one of them."
-        )
-    for key, value in (
-        ("pack.max_sequences_per_pack", max_sequences_per_pack),
-        ("pack.max_predictions_per_pack", max_predictions_per_pack),
-    ):
-        if value is None and key.endswith("predictions_per_pack"):
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise PackIndexError(f"{key}={value!r} must be a positive integer; fix {key}.")
-    unknown = sorted(set(options or {}) - OPTIONS[algorithm])
-    if unknown:
-        accepted = sorted(OPTIONS[algorithm]) or "none"
-        raise PackIndexError(
-            f"pack.options {unknown} are not options of pack.algorithm={algorithm} (it takes "
-            f"{accepted}); remove them."
-        )
-    chosen = name if name is not None else default_name(algorithm, max_sequences_per_pack)
-    if not _NAME.fullmatch(chosen):
-        raise PackIndexError(
-            f"pack.name={chosen!r} must be a plain directory name (letters, digits, '_.+=-'); "
-            "fix pack.name."
-        )
-    return chosen
+    `dataset` is a ``datasets.Dataset`` (row order honours a ``select``/``shuffle`` indices
+    mapping) or a ``pyarrow.Table``. No Python loop over rows and no copy of token values.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset if isinstance(dataset, pa.Table) else dataset.data.table
+    indices = getattr(dataset, "_indices", None)
+    out = []
+    for column in ("input_ids", "masked_lm_positions"):
+        lengths = pc.fill_null(pc.list_value_length(table.column(column)), 0)
+        array = np.asarray(lengths.to_numpy(), dtype=np.int64)
+        if indices is not None:
+            array = array[np.asarray(indices.column(0).to_numpy(), dtype=np.int64)]
+        out.append(array)
+    return out[0], out[1]
 
 
-def read_metadata(data_dir: Path) -> dict[str, Any]:
-    """``metadata.json`` of a finished omnibert-prepare output directory, or PackIndexError."""
-    path = data_dir / "metadata.json"
-    if not path.is_file():
-        raise PackIndexError(
-            f"{data_dir} has no metadata.json, so it is not a finished omnibert-prepare output "
-            "directory; run omnibert-prepare into it first or fix output_dir."
-        )
-    try:
-        meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise PackIndexError(f"{path} cannot be read ({err}); re-run omnibert-prepare.") from err
-    if not isinstance(meta, dict) or meta.get("format") != "omnibert-pretraining":
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise PackIndexError(
-            f"{path} has format={found!r}, not 'omnibert-pretraining'; point output_dir at "
-            "omnibert-prepare output."
-        )
-    size = meta.get("settings", {}).get("max_seq_length")
-    if not isinstance(size, int) or not isinstance(meta.get("fingerprint"), str):
-        raise PackIndexError(
-            f"{path} lacks settings.max_seq_length or fingerprint; re-run omnibert-prepare."
-        )
-    return meta
-
-
-def _check_lengths(
-    data_dir: Path, meta: dict[str, Any], lengths: npt.NDArray[np.int64], masks: Any
-) -> None:
-    """The rows must be the ones metadata.json describes (same histogram and mask count)."""
-    settings, counts = meta.get("settings", {}), meta.get("counts", {})
-    size = int(settings["max_seq_length"])
-    histogram = np.asarray(meta.get("sequence_length_histogram", []), dtype=np.int64)
-    found = np.bincount(lengths, minlength=size + 1) if lengths.size else np.zeros(size + 1)
-    changed = (
-        found.size != histogram.size
-        or np.any(found != histogram)
-        or counts.get("instances", lengths.size) != lengths.size
-        or counts.get("masked", int(masks.sum())) != int(masks.sum())
-    )
-    if changed:
-        raise PackIndexError(
-            f"the Arrow rows in {data_dir} do not match its metadata.json (lengths or counts "
-            "differ), so the data changed after omnibert-prepare wrote it; re-run "
-            "omnibert-prepare into it."
-        )
-
-
-def _write_index(final: Path, packs: npt.NDArray[np.integer[Any]], info: dict[str, Any]) -> None:
-    """Write the index in a temporary sibling, fsync it, then rename it to `final`."""
-    parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    with open(tmp / ARRAY_FILE, "wb") as handle:
-        np.save(handle, packs, allow_pickle=False)
-        handle.flush()
-        os.fsync(handle.fileno())
-    with open(tmp / INFO_FILE, "w", encoding="utf-8") as handle:
-        json.dump(info, handle, indent=2)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_dir(tmp)
-    old = parent / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync_dir(parent)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def build_pack_index(
-    data_dir: str | Path,
-    *,
-    algorithm: str = "lpfhp",
-    max_sequences_per_pack: int = 3,
-    max_predictions_per_pack: int | None = None,
-    seed: int = 12345,
-    name: str | None = None,
-    overwrite: bool = False,
-    options: dict[str, Any] | None = None,
-    progress: bool = True,
-) -> PackIndex:
-    """Pack the rows of an omnibert-prepare output directory and store the index in
-    ``<data_dir>/packs/<name>/``; returns it (``info["reused"]`` is True when an identical
-    index was already there). With `max_predictions_per_pack`, packs holding more masked
-    positions are split (see `split_over_budget`); without, the largest pack's count is
-    recorded as the P a packed batch needs."""
-    from tqdm import tqdm
-
-    from omnibert.data.packing import pack_lengths
-
-    start = time.perf_counter()
-    data_dir = Path(data_dir)
-    name = check_pack_settings(
-        algorithm, max_sequences_per_pack, max_predictions_per_pack, name, options
-    )
-    options = dict(options or {})
-    meta = read_metadata(data_dir)
-    final = data_dir / PACKS_DIR / name
-    wanted = {
-        "algorithm": algorithm,
-        "options": options,
-        "seed": seed,
-        "max_sequences_per_pack": max_sequences_per_pack,
-        "mask_budget": max_predictions_per_pack,
-    }
-    if (final / INFO_FILE).is_file() and not overwrite:
-        existing = _reusable(data_dir, name, meta, wanted)
-        if existing is not None:
-            return existing
-        raise PackIndexError(
-            f"{final} already holds a pack index built with other settings or data; pass "
-            "pack.overwrite=true to replace it or choose another pack.name."
-        )
-    size = int(meta["settings"]["max_seq_length"])
-    bar = tqdm(total=3, desc="pack index", unit="step", disable=not progress)
-    try:
-        import datasets
-
-        try:
-            dataset = datasets.load_from_disk(str(data_dir))
-        except Exception as err:  # datasets raises many types for broken directories
-            raise PackIndexError(
-                f"the Arrow shards in {data_dir} cannot be loaded ({type(err).__name__}); "
-                "re-run omnibert-prepare into it."
-            ) from err
-        lengths, masks = row_lengths(dataset)
-        _check_lengths(data_dir, meta, lengths, masks)
-        if lengths.size == 0:
-            raise PackIndexError(f"{data_dir} holds no rows; there is nothing to pack.")
-        if max_predictions_per_pack is not None and masks.max() > max_predictions_per_pack:
-            raise PackIndexError(
-                f"pack.max_predictions_per_pack={max_predictions_per_pack} is below the "
-                f"{int(masks.max())} masked positions of a single row of {data_dir}; raise it "
-                "or set it to null."
-            )
-        bar.update()
-        try:
-            assignment = pack_lengths(
-                lengths, size, max_sequences_per_pack, algorithm, seed=seed, **options
-            )
-        except ValueError as err:  # pack.options values; the lengths were checked above
-            raise PackIndexError(f"packing {data_dir} failed: {err}") from err
-        assignment.check(lengths)
-        dtype = np.int32 if lengths.size < 2**31 else np.int64
-        packs = to_matrix(
-            assignment.pack_offsets, assignment.sequence_indices, max_sequences_per_pack, dtype
-        )
-        split_from = packs.shape[0]
-        if max_predictions_per_pack is not None:
-            packs = split_over_budget(packs, masks, max_predictions_per_pack)
-        bar.update()
-        info: dict[str, Any] = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "name": name,
-            "data_fingerprint": meta.get("fingerprint"),
-            "rows": int(lengths.size),
-            **wanted,
-            "max_sequence_length": size,
-            **pack_statistics(packs, lengths, masks, size),
-            "packs_added_by_mask_budget": int(packs.shape[0] - split_from),
-            "runtime_s": 0.0,
-            "created_by": _created_by(),
-            "command": list(sys.argv),
-        }
-        info["runtime_s"] = round(time.perf_counter() - start, 4)
-        _write_index(final, packs, info)
-        bar.update()
-    finally:
-        bar.close()
-    return PackIndex(packs=packs, info=info, path=final)
-
-
-def _created_by() -> str:
-    import omnibert
-
-    return f"omnibert {omnibert.__version__}"
-
-
-def _reusable(
-    data_dir: Path, name: str, meta: dict[str, Any], wanted: dict[str, Any]
-) -> PackIndex | None:
-    """The stored index when it is valid and was built from this data with these settings."""
-    try:
-        info = json.loads((data_dir / PACKS_DIR / name / INFO_FILE).read_text(encoding="utf-8"))
-        same = all(info.get(key) == value for key, value in wanted.items())
-        if not same:
-            return None
-        index = load_pack_index(
-            data_dir,
-            name,
-            rows=int(meta["counts"]["instances"]),
-            fingerprint=str(meta.get("fingerprint")),
-            max_sequence_length=int(meta["settings"]["max_seq_length"]),
-            max_sequences_per_pack=int(wanted["max_sequences_per_pack"]),
-        )
-    except (OSError, ValueError, KeyError):
-        return None
-    index.info["reused"] = True
-    return index
+def array_problem(packs: Any, rows: int, num_packs: Any, width: int) -> str | None:
+    """What is wrong with a stored ``packs.npy`` (None when nothing): dtype, shape, row
+    numbers in range, -1 only in trailing slots, no empty pack, every row exactly once."""
+    if not isinstance(packs, np.ndarray) or packs.dtype not in (np.int32, np.int64):
+        return f"dtype {getattr(packs, 'dtype', type(packs).__name__)}, not int32/int64"
+    if packs.ndim != 2 or packs.shape != (num_packs, width):
+        return f"shape {packs.shape}, not ({num_packs}, {width}) as packing.json says"
+    valid = packs >= 0
+    if np.any(packs < -1) or np.any(packs >= rows):
+        return f"row numbers outside 0..{rows - 1}"
+    if packs.shape[0] and (not valid[:, 0].all() or np.any(valid[:, 1:] > valid[:, :-1])):
+        return "an empty pack or a -1 before a row number"
+    if np.any(np.bincount(packs[valid].astype(np.int64), minlength=rows) != 1):
+        return "rows missing or listed twice"
+    return None
 
 
 def load_pack_index(
@@ -351,11 +119,11 @@ def load_pack_index(
     data_dir = Path(data_dir)
     path = data_dir / PACKS_DIR / name
     info_path, array_path = path / INFO_FILE, path / ARRAY_FILE
-    rebuild = f"{_hint(data_dir, max_sequences_per_pack, name)} pack.overwrite=true"
+    rebuild = f"{rebuild_hint(data_dir, max_sequences_per_pack, name)} pack.overwrite=true"
     if not info_path.is_file():
         raise PackIndexError(
             f"{path} holds no pack index ({INFO_FILE} is missing); build it with "
-            f"{_hint(data_dir, max_sequences_per_pack, name)}."
+            f"{rebuild_hint(data_dir, max_sequences_per_pack, name)}."
         )
     try:
         info = json.loads(info_path.read_text(encoding="utf-8"))
@@ -370,7 +138,7 @@ def load_pack_index(
         raise PackIndexError(
             f"{info_path} was built for max_sequences_per_pack={built_k!r} but "
             f"data.pack.max_sequences_per_pack is {max_sequences_per_pack}; set it to "
-            f"{built_k} or run {_hint(data_dir, max_sequences_per_pack)}."
+            f"{built_k} or run {rebuild_hint(data_dir, max_sequences_per_pack)}."
         )
     for key, expected, what in (
         ("format", FORMAT_NAME, "is not a pack index"),

@@ -9,7 +9,7 @@ exactly the same sequences whatever the training packing.
 * ``online``: :class:`~omnibert.data.packed_sampler.PackedBatchSampler` packs windows of
   ``data.pack.buffer_size`` shuffled sequences with ``data.pack.algorithm``.
 * ``offline``: the pack index ``omnibert-prepare pack.enabled=true`` wrote under
-  ``<train_path>/packs/<name>/`` (:mod:`omnibert.data.pack_index`), served by
+  ``<train_path>/packs/<name>/`` (:mod:`omnibert.prepare.pack_index`), served by
   :class:`~omnibert.data.packed_sampler.PackIndexBatchSampler`.
 
 The global batch keeps counting *sequences* (``phase.global_batch_size``): with packing the
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from omnibert.data.packing.online import WINDOW_ALGORITHMS
+from omnibert.packing.plan import WINDOW_ALGORITHMS
 
 __all__ = ["MODES", "PackingSettings", "default_predictions_per_pack"]
 

@@ -3,7 +3,7 @@
 :class:`PackedBatchSampler` packs on the fly. Data epoch ``e`` is a permutation of all rows
 drawn from ``numpy.random.default_rng([seed, e])`` (the same on every rank); it is cut into
 windows of ``buffer_size`` sequences (the bounded look-ahead) and each window is packed on
-its own (:func:`omnibert.data.packing.online.pack_window`), its packs shuffled with a seed
+its own (:func:`omnibert.packing.online.pack_window`), its packs shuffled with a seed
 derived from ``(seed, e, window)``. The packs of consecutive windows and data epochs form one
 deterministic stream; each optimiser micro-step takes the next ``batch_size × num_replicas``
 packs of it and rank r keeps the r-th ``batch_size`` of them. So every rank runs the same
@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from omnibert.data.packing.online import WINDOW_ALGORITHMS, pack_window
 from omnibert.data.samplers import ResumableBatchSampler, _check_rank, check_saved_state
+from omnibert.packing.online import pack_window
+from omnibert.packing.plan import WINDOW_ALGORITHMS
 
 __all__ = ["PackIndexBatchSampler", "PackedBatchSampler"]
 

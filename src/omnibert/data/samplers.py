@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from omnibert.errors import UserError
+
 __all__ = ["EvalBatchSampler", "ResumableBatchSampler", "SamplerStateError"]
 
 
-class SamplerStateError(ValueError):
+class SamplerStateError(UserError):
     """A saved sampler state does not belong to this sampler's configuration."""
 
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from omnibert.errors import UserError
+
 #: Activations the encoder implements (Hugging Face names). ``gelu`` is the exact (erf) GELU.
 # integer fields that fix the parameters' shapes and meaning
 ARCHITECTURE_FIELDS = (
@@ -22,7 +24,7 @@ ARCHITECTURE_FIELDS = (
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
-class BertConfigError(ValueError):
+class BertConfigError(UserError):
     """A model configuration that cannot describe a BERT model."""
 
 

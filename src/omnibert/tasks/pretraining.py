@@ -34,11 +34,12 @@ from hydra.utils import instantiate
 from torch import Tensor, nn
 from torchmetrics import SumMetric
 
+from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
-from omnibert.tasks.plan import architecture_diffs
+from omnibert.run.plan import architecture_diffs
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ VAL_SUMS = ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_loss", 
 RNG_KEY = "omnibert_rng_states"
 
 
-class InitFromError(ValueError):
+class InitFromError(UserError):
     """``init_from`` names something that cannot initialise this model."""
 
 

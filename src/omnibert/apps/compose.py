@@ -1,0 +1,46 @@
+"""Where the apps' Hydra configs live and how tests and scripts compose them as the apps do.
+
+The configs are the package ``omnibert.conf`` (the repository's top-level ``conf/``, mapped
+into the package by pyproject.toml), found through Hydra's ``pkg://`` search path, so an
+editable install and a wheel on a cluster node read the same files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+CONFIG_MODULE = "omnibert.conf"
+#: ``config_path`` of every ``@hydra.main`` in :mod:`omnibert.apps`
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+
+
+def compose(
+    config_name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False
+) -> DictConfig:
+    """The config an app composes for these command-line ``overrides`` (no Hydra run dir,
+    no logging setup): what tests and scripts pass to an app's ``run``. With
+    ``return_hydra_config`` the ``hydra`` node (launcher, sweep dir) is kept."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return hydra_compose(
+            config_name=config_name,
+            overrides=list(overrides),
+            return_hydra_config=return_hydra_config,
+        )
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group (``conf/<group>/*.yaml``) as installed."""
+    folder = resources.files(CONFIG_MODULE).joinpath(group)
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".yaml")
+    )

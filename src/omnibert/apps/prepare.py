@@ -1,0 +1,147 @@
+"""``omnibert-prepare``: text (or WikiExtractor output) → reference-exact pretraining shards,
+and optionally an offline pack index of them (``pack.enabled=true``).
+
+Wiring only: compose the config, check it, run :func:`omnibert.prepare.pipeline.prepare` and
+:func:`omnibert.prepare.pack_index.build_pack_index`. With ``pack.enabled=true`` and no
+``input_files``, only the existing ``output_dir`` is packed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from omnibert.apps.compose import CONFIG_PATH
+from omnibert.data.pack_index import PackIndex, PackIndexError
+from omnibert.errors import exit_on
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pack_index import build_pack_index, check_pack_settings
+from omnibert.prepare.pipeline import PrepareError, expand_input_files, prepare
+
+log = logging.getLogger("omnibert.apps.prepare")
+
+
+def run(cfg: DictConfig) -> None:
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if cfg.pack.enabled:
+        _check_pack(cfg)
+        if "input_files" in missing:  # pack the existing output_dir only
+            if "output_dir" in missing:
+                raise PackIndexError(
+                    "output_dir must be set to pack existing data, e.g. omnibert-prepare "
+                    "output_dir=outputs/demo/train pack.enabled=true."
+                )
+            _pack(cfg)
+            return
+    if missing:
+        raise PrepareError(
+            f"{', '.join(missing)} must be set, e.g. omnibert-prepare input_files=[a.txt] "
+            "vocab_file=vocab.txt output_dir=out"
+        )
+    settings = InstanceSettings(
+        max_seq_length=cfg.max_seq_length,
+        max_predictions_per_seq=cfg.max_predictions_per_seq,
+        masked_lm_prob=cfg.masked_lm_prob,
+        short_seq_prob=cfg.short_seq_prob,
+        dupe_factor=cfg.dupe_factor,
+        random_seed=cfg.random_seed,
+        do_whole_word_mask=cfg.do_whole_word_mask,
+    )
+    input_files = (
+        OmegaConf.to_object(cfg.input_files)
+        if OmegaConf.is_list(cfg.input_files)
+        else cfg.input_files
+    )
+    vocab_file = Path(cfg.vocab_file)
+    if not vocab_file.exists() and cfg.train_vocab.enabled:
+        from omnibert.prepare.vocab_training import train_wordpiece_vocab
+
+        paths = expand_input_files(input_files)  # type: ignore[arg-type]
+        log.info(
+            "training a %d-token WordPiece vocab on %d files",
+            cfg.train_vocab.vocab_size,
+            len(paths),
+        )
+        train_wordpiece_vocab(
+            paths,
+            vocab_file,
+            vocab_size=cfg.train_vocab.vocab_size,
+            do_lower_case=cfg.do_lower_case,
+            min_frequency=cfg.train_vocab.min_frequency,
+        )
+    summary = prepare(
+        input_files,  # type: ignore[arg-type]
+        vocab_file,
+        cfg.output_dir,
+        settings,
+        do_lower_case=cfg.do_lower_case,
+        input_format=cfg.input_format,
+        num_workers=cfg.num_workers,
+        eval_samples=cfg.eval_samples,
+        overwrite=cfg.overwrite,
+        max_shard_size=cfg.max_shard_size,
+        progress=cfg.progress,
+    )
+    print(summary.render())
+    if cfg.pack.enabled:
+        _pack(cfg)
+
+
+def _check_pack(cfg: DictConfig) -> None:
+    """Bad ``pack.*`` settings stop before any work."""
+    check_pack_settings(
+        cfg.pack.algorithm,
+        cfg.pack.max_sequences_per_pack,
+        cfg.pack.max_predictions_per_pack,
+        cfg.pack.name,
+        OmegaConf.to_container(cfg.pack.options),  # type: ignore[arg-type]
+    )
+
+
+def _pack(cfg: DictConfig) -> PackIndex:
+    index = build_pack_index(
+        cfg.output_dir,
+        algorithm=cfg.pack.algorithm,
+        max_sequences_per_pack=cfg.pack.max_sequences_per_pack,
+        max_predictions_per_pack=cfg.pack.max_predictions_per_pack,
+        seed=cfg.random_seed,
+        name=cfg.pack.name,
+        overwrite=cfg.pack.overwrite,
+        options=OmegaConf.to_container(cfg.pack.options),  # type: ignore[arg-type]
+        progress=cfg.progress,
+    )
+    print(render_pack_summary(index))
+    return index
+
+
+def render_pack_summary(index: PackIndex) -> str:
+    """One paragraph: packs, sequences/pack, efficiency before → after, speed-up, P, time."""
+    info = index.info
+    if info.get("reused"):
+        return f"{index.path} already holds this pack index (same data and settings); kept it."
+    return (
+        f"packed {info['rows']:,} sequences into {info['num_packs']:,} packs of "
+        f"{info['max_sequence_length']} tokens ({info['algorithm']}, at most "
+        f"{info['max_sequences_per_pack']} per pack) in {info['runtime_s']:.2f} s: "
+        f"{info['sequences_per_pack']:.3f} sequences/pack, token efficiency "
+        f"{info['efficiency_unpacked']:.1%} -> {info['efficiency']:.1%}, "
+        f"{info['speedup']:.2f}x fewer rows; packed batches need "
+        f"{info['max_predictions_per_pack']} masked positions per row; wrote {index.path}"
+    )
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="prepare")
+def _hydra_main(cfg: DictConfig) -> None:
+    with exit_on("omnibert-prepare"):
+        run(cfg)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

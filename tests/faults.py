@@ -1,0 +1,49 @@
+"""Test helper: fault injection for resume tests: a real ``SIGKILL`` right after a checkpoint is on disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import lightning.pytorch as pl
+
+
+class KillAtStep(pl.Callback):
+    """``SIGKILL`` this process once the checkpoint of optimiser step ``step`` has been written.
+
+    Lightning runs checkpoint callbacks after every other callback at the end of a batch, and
+    validation after that, so the kill is sent from the next hook that follows them: the start
+    of the next training batch (or the end of training when ``step`` is the last step). The
+    kill is ``SIGKILL``: no ``finally`` blocks, no logger flush, no teardown, as a crash or a
+    pre-empted node. Choose ``step`` as a multiple of the checkpoint interval. A run resumed
+    past ``step`` never fires.
+    """
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        if step < 1:
+            raise ValueError(f"KillAtStep step must be >= 1, got {step}.")
+        self.step = step
+        self._armed = True
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._armed = trainer.global_step < self.step
+
+    def _maybe_kill(self, trainer: pl.Trainer) -> None:
+        if self._armed and trainer.global_step >= self.step:
+            print(
+                f"KillAtStep: SIGKILL at global step {trainer.global_step} (pid {os.getpid()})",
+                file=sys.stderr,
+                flush=True,
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._maybe_kill(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._maybe_kill(trainer)
