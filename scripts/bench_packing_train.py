@@ -51,15 +51,18 @@ def batches(args: argparse.Namespace, packing: str) -> tuple[list[dict[str, Any]
         "packing": packing,
         "pack": pack,
     }
+    from omnibert.data.datamodule import PretrainingDataModule
+    from omnibert.data.generated import GeneratedSource
+    from omnibert.data.sources import ArrowSource
+
     module: Any
     if args.data:
-        from omnibert.data.datamodule import PretrainingDataModule
-
-        module = PretrainingDataModule(train_path=args.data, eval_path=None, **common)
+        module = PretrainingDataModule(
+            source=ArrowSource, train_path=args.data, eval_path=None, **common
+        )
     else:
-        from omnibert.data.generated import GeneratedDataModule
-
-        module = GeneratedDataModule(
+        module = PretrainingDataModule(
+            source=GeneratedSource,
             vocab_size=30522,
             num_train_samples=args.samples,
             length_histogram=str(args.histogram),

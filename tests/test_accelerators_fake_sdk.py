@@ -235,10 +235,11 @@ def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path):
     plugin.loop_kwargs(2, limit_train_batches=10, val_check_interval=None, max_steps=2)
     import poptorch
 
-    from omnibert.data.generated import GeneratedDataModule
+    from omnibert.data.datamodule import PretrainingDataModule
+    from omnibert.data.generated import GeneratedSource
     from omnibert.models import BertConfig, BertForPreTraining
 
-    data = GeneratedDataModule(vocab_size=128, max_seq_length=16, max_predictions_per_seq=3,
+    data = PretrainingDataModule(source=GeneratedSource, vocab_size=128, max_seq_length=16, max_predictions_per_seq=3,
                                num_train_samples=8, num_eval_samples=0, micro_batch_size=2,
                                eval_micro_batch_size=2)  # fmt: skip
     data.setup("fit")

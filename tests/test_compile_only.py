@@ -19,7 +19,8 @@ from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.callbacks.throughput import bert_pretraining_flops
 from omnibert.data.collate import PretrainingCollator
-from omnibert.data.generated import GeneratedDataModule
+from omnibert.data.datamodule import PretrainingDataModule
+from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.run.compile_only import meta_batch, saved_activation_bytes
 
@@ -70,9 +71,15 @@ def test_compile_only_reports_without_training(tmp_path, capsys):
 
 
 def _real_batch(b: int, s: int, p: int) -> dict[str, torch.Tensor]:
-    rows = GeneratedDataModule(
-        vocab_size=128, max_seq_length=s, max_predictions_per_seq=p, micro_batch_size=b
-    ).rows("train")
+    data = PretrainingDataModule(
+        source=GeneratedSource,
+        vocab_size=128,
+        max_seq_length=s,
+        max_predictions_per_seq=p,
+        micro_batch_size=b,
+    )
+    data.check()
+    rows = data.source.rows("train")
     return PretrainingCollator(s, p)(rows.__getitems__(list(range(b))))
 
 

@@ -1,5 +1,5 @@
 """PretrainingDataModule on real omnibert-prepare output: checks, formats, loaders, and exact
-mid-epoch resume through Lightning's checkpointing; GeneratedDataModule determinism."""
+mid-epoch resume through Lightning's checkpointing; generated rows' determinism."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from omnibert.data.collate import BATCH_KEYS
+from omnibert.data.converted import ConvertedSource
 from omnibert.data.datamodule import (
     DataConfigError,
     PretrainingDataModule,
     lightning_epoch_batches,
 )
-from omnibert.data.generated import GeneratedDataModule
+from omnibert.data.generated import GeneratedSource
+from omnibert.data.sources import ArrowSource
 from omnibert.prepare.formats.hdf5 import write_hdf5
 from omnibert.prepare.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
@@ -61,7 +63,10 @@ def module(data: dict[str, Path], **overrides: Any) -> PretrainingDataModule:
         "seed": 7,
     }
     kwargs.update(overrides)
-    return PretrainingDataModule(**kwargs)
+    fmt = kwargs.pop("format", "arrow")
+    if fmt == "arrow":
+        return PretrainingDataModule(source=ArrowSource, **kwargs)
+    return PretrainingDataModule(source=ConvertedSource, format=fmt, **kwargs)
 
 
 def fingerprint(batch: dict[str, torch.Tensor]) -> str:
@@ -236,7 +241,7 @@ def test_tfrecord_and_hdf5_give_the_same_batches_as_arrow(
     assert len(cached) == 1 and (cached[0] / "metadata.json").is_file()
     again = module(data, train_path=str(src), format=fmt, cache_dir=str(cache), eval_path=None)
     again.check()  # the cache is found: no conversion, rows known before setup
-    assert again._splits["train"].metadata is not None
+    assert again.source.splits["train"].metadata is not None
     with pytest.raises(DataConfigError, match=r"prepared with max_seq_length=32 but phase\."):
         module(data, train_path=str(src), format=fmt, max_seq_length=64, eval_path=None).check()
 
@@ -327,12 +332,12 @@ def test_lightning_resume_continues_with_the_next_batch(
 # ---------------------------------------------------------------------- generated data
 
 
-def generated(**overrides: Any) -> GeneratedDataModule:
+def generated(**overrides: Any) -> PretrainingDataModule:
     kwargs: dict[str, Any] = {"max_seq_length": 64, "max_predictions_per_seq": 10,
                               "micro_batch_size": 16, "num_train_samples": 512,
                               "num_eval_samples": 40, "seed": 3}  # fmt: skip
     kwargs.update(overrides)
-    dm = GeneratedDataModule(**kwargs)
+    dm = PretrainingDataModule(source=GeneratedSource, **kwargs)
     dm.setup("fit")
     return dm
 
@@ -343,10 +348,10 @@ def test_generated_rows_are_deterministic_and_batch_independent() -> None:
     assert first != [
         fingerprint(b) for b in itertools.islice(generated(seed=4).train_dataloader(), 5)
     ]
-    rows = generated().rows("train")
+    rows = generated().source.rows("train")
     alone = rows.__getitems__([17]).table.to_pylist()
     assert rows.__getitems__([3, 17, 9]).table.to_pylist()[1] == alone[0] == rows[17]
-    assert rows[17] != generated().rows("eval")[17]
+    assert rows[17] != generated().source.rows("eval")[17]
 
 
 def test_generated_batches_look_like_bert_data() -> None:

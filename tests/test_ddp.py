@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
-from omnibert.data.generated import GeneratedDataModule
+from omnibert.data.datamodule import PretrainingDataModule
+from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.run.plan import TrainConfigError
 from omnibert.run.slurm import check_slurm_layout
@@ -100,7 +101,7 @@ def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path):
     assert moved > 1e-2
 
 
-def _rows(dm: GeneratedDataModule, rank: int, world: int, batches: int) -> list[list[tuple]]:
+def _rows(dm: PretrainingDataModule, rank: int, world: int, batches: int) -> list[list[tuple]]:
     """The first ``batches`` training batches of ``rank``, each as its rows' token tuples."""
     dm.rank, dm.world_size = rank, world
     loader = dm.train_dataloader()
@@ -114,7 +115,9 @@ def _rows(dm: GeneratedDataModule, rank: int, world: int, batches: int) -> list[
 
 def test_ranks_read_disjoint_rows_that_make_up_the_single_process_global_batch():
     settings = dict(vocab_size=128, max_seq_length=32, max_predictions_per_seq=5, seed=7)
-    dm = GeneratedDataModule(micro_batch_size=4, num_train_samples=64, **settings)
+    dm = PretrainingDataModule(
+        source=GeneratedSource, micro_batch_size=4, num_train_samples=64, **settings
+    )
     dm.check()
     steps = 8  # a whole epoch: 64 rows = 8 global batches of 8
     single = _rows(dm, rank=0, world=1, batches=2 * steps)  # 2 micro-batches per step

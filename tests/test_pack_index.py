@@ -344,8 +344,10 @@ def test_cli_exits_2_with_one_line_on_a_dir_without_metadata(tmp_path: Path) -> 
 
 def _module(data_dir: Path, packing: str, **pack: Any) -> Any:
     from omnibert.data.datamodule import PretrainingDataModule
+    from omnibert.data.sources import ArrowSource
 
     return PretrainingDataModule(
+        source=ArrowSource,
         train_path=str(data_dir),
         eval_path=None,
         max_seq_length=S,
@@ -394,7 +396,7 @@ def test_offline_packing_without_an_index_names_the_command(data_dir: Path) -> N
 def test_online_packing_reads_lengths_from_the_shards(data_dir: Path) -> None:
     module = _module(data_dir, "online", buffer_size=64, algorithm="bfd")
     module.check()
-    lengths, masks = module.row_lengths()
+    lengths, masks = module.source.row_lengths()
     assert lengths.size == module.num_train_samples and (masks <= P_SEQ).all()
     batch = next(iter(module.train_dataloader()))
     assert batch["nsp_weights"].sum() > 4  # 4 rows hold more than 4 sequences

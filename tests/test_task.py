@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from omnibert.data.collate import PretrainingCollator
-from omnibert.data.generated import GeneratedDataModule
+from omnibert.data.datamodule import PretrainingDataModule
+from omnibert.data.generated import GeneratedSource
 from omnibert.data.samplers import EvalBatchSampler
 from omnibert.models import BertConfig
 from omnibert.optim.lamb_math import global_grad_norm
@@ -53,8 +54,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _data(rows: int = 8, **kwargs: Any) -> GeneratedDataModule:
-    return GeneratedDataModule(
+def _data(rows: int = 8, **kwargs: Any) -> PretrainingDataModule:
+    return PretrainingDataModule(
+        source=GeneratedSource,
         vocab_size=128,
         max_seq_length=32,
         max_predictions_per_seq=5,
@@ -118,10 +120,12 @@ def test_loss_decreases(trained):
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:3])
 
 
-def _hand_metrics(task: PretrainingTask, data: GeneratedDataModule, rows: int) -> dict[str, float]:
+def _hand_metrics(
+    task: PretrainingTask, data: PretrainingDataModule, rows: int
+) -> dict[str, float]:
     """Accuracy and losses row by row (each row alone, no padding), in float64."""
     collate = PretrainingCollator(32, 5)
-    dataset = data.rows("train")
+    dataset = data.source.rows("train")
     sums = dict.fromkeys(("mlm_hit", "mlm_n", "mlm_ce", "nsp_hit", "nsp_n", "nsp_ce"), 0.0)
     task.model.eval()
     with torch.no_grad():
@@ -148,7 +152,7 @@ def test_validation_is_exact_over_the_whole_eval_set(trained):
     # eval batches of 3: 3 + 3 + 2 real rows, the last padded with a zero-weight row
     sampler = EvalBatchSampler(rows, 3)
     loader = torch.utils.data.DataLoader(
-        data.rows("train"), batch_sampler=sampler, collate_fn=PretrainingCollator(32, 5, 3)
+        data.source.rows("train"), batch_sampler=sampler, collate_fn=PretrainingCollator(32, 5, 3)
     )
     assert [len(b) for b in sampler] == [3, 3, 2]
     _trainer(1).validate(task, dataloaders=loader, verbose=False)

@@ -14,7 +14,8 @@ from omnibert.callbacks.throughput import (
     bert_pretraining_flops,
     measure_flops,
 )
-from omnibert.data.generated import GeneratedDataModule
+from omnibert.data.datamodule import PretrainingDataModule
+from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
 
 CONFIG = BertConfig(
@@ -30,7 +31,8 @@ CONFIG = BertConfig(
 @pytest.fixture(scope="module")
 def batches() -> list[dict[str, torch.Tensor]]:
     """Generated micro-batches of 4 rows, seq 32, 5 masks (10% of rows are short)."""
-    dm = GeneratedDataModule(
+    dm = PretrainingDataModule(
+        source=GeneratedSource,
         vocab_size=100,
         max_seq_length=32,
         max_predictions_per_seq=5,

@@ -194,7 +194,8 @@ def test_wandb_offline_logs_without_a_network(tmp_path, monkeypatch):
 def test_experiments_are_small(tmp_path):
     smoke = _build(_compose(f"paths.output_root={tmp_path}", "experiment=smoke"))
     assert smoke["plan"].accumulate_grad_batches == 2
-    assert smoke["c"]["data"]["_target_"].endswith("GeneratedDataModule")
+    assert smoke["c"]["data"]["_target_"].endswith("PretrainingDataModule")
+    assert smoke["c"]["data"]["source"]["_target_"].endswith("GeneratedSource")
     demo = _build(_compose(f"paths.output_root={tmp_path}", "experiment=demo"))
     assert demo["c"]["data"]["train_path"] == "outputs/demo/train"
     assert demo["c"]["model"]["config"]["num_hidden_layers"] <= 4

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from omnibert.accelerators.ipu import IPUPlugin
 
-from omnibert.data.collate import BATCH_KEYS  # PoptorchStep's input order (poptorch wants
-from omnibert.models.bert import OUTPUT_KEYS  # tuples of tensors, not dicts)
+# PoptorchStep's input and output order (poptorch wants tuples of tensors, not dicts)
+from omnibert.models.bert import BATCH_KEYS, OUTPUT_KEYS
 
 
 class PoptorchStep(nn.Module):
@@ -211,12 +211,11 @@ class IPUStrategy(SingleDeviceStrategy):
             self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
 
     def process_dataloader(self, dataloader: Any) -> Any:
-        """Training loaders (omnibert's resumable sampler) yield combined batches; evaluation
-        loaders stay micro-batches for the one-replica inference model."""
-        from omnibert.data.samplers import ResumableBatchSampler
-
-        sampler = getattr(dataloader, "batch_sampler", None)
-        if not isinstance(sampler, ResumableBatchSampler):
+        """Training loaders (omnibert's resumable samplers, which know the epoch length in
+        Lightning batches: ``batches_per_epoch``) yield combined batches; evaluation loaders
+        stay micro-batches for the one-replica inference model."""
+        sampler: Any = getattr(dataloader, "batch_sampler", None)
+        if not hasattr(sampler, "batches_per_epoch"):
             return dataloader
         group = self.plugin.host_batches_per_step
         if sampler.batches_per_epoch is not None:

@@ -37,6 +37,7 @@ import pyarrow as pa
 import torch
 
 from omnibert.errors import UserError
+from omnibert.models.bert import BATCH_KEYS
 
 __all__ = [
     "BATCH_KEYS",
@@ -48,18 +49,6 @@ __all__ = [
     "flatten_packs",
 ]
 
-BATCH_KEYS = (
-    "input_ids",
-    "segment_ids",
-    "position_ids",
-    "sequence_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "nsp_positions",
-    "nsp_labels",
-    "nsp_weights",
-)
 ROW_KEYS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 LABEL_KEY = "next_sentence_label"
 

@@ -1,4 +1,4 @@
-"""Synthetic pretraining data (``data=generated``): no files, same batches as real data.
+"""Synthetic pretraining rows (``data=generated``): no files, same batches as real data.
 
 Each row is drawn from counter-based random numbers keyed by (seed, split, index), so row i
 is the same in every run, batch, worker and rank, and the resumable sampler makes a generated run
@@ -19,18 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import torch
-from torch.utils.data import DataLoader
 
 from omnibert.data.collate import RowBlock, flatten_packs
-from omnibert.data.datamodule import DataConfigError, eval_loader, train_loader
-from omnibert.data.packed import PackedData, PackingSettings
+from omnibert.data.sources import DataConfigError, RowSource, RowSpec
 
-__all__ = ["GeneratedDataModule", "GeneratedRows"]
+__all__ = ["GeneratedRows", "GeneratedSource"]
 
 MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP]
 FloatArray = npt.NDArray[np.float64]
@@ -167,76 +164,51 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         return row
 
 
-class GeneratedDataModule(PackedData, pl.LightningDataModule):
-    """Deterministic synthetic pretraining batches with the real data's shapes and dtypes
-    (profiling, compile-only runs, tests). Same interface as ``PretrainingDataModule``."""
+class GeneratedSource(RowSource):
+    """Deterministic synthetic rows with the real data's shapes and dtypes (profiling,
+    compile-only runs, tests): a row source of
+    :class:`~omnibert.data.datamodule.PretrainingDataModule`.
+
+    Args:
+        vocab_size: token ids are drawn below this (the model's vocab size when
+            ``model.config.vocab_size`` is null).
+        num_train_samples: training rows (all devices together).
+        num_eval_samples: rows per validation run (0: no validation).
+        length_histogram: ``None`` (like the reference generator: mostly full rows, 10%
+            shorter) or a JSON file with a length histogram (``counts``, or an
+            omnibert-prepare ``metadata.json``): rows then have that distribution.
+    """
 
     format = "generated"
 
     def __init__(
         self,
-        *,
         vocab_size: int = 30522,
-        max_seq_length: int,
-        max_predictions_per_seq: int,
-        micro_batch_size: int,
-        eval_micro_batch_size: int | None = None,
         num_train_samples: int = 65536,
         num_eval_samples: int = 1024,
-        seed: int = 12345,
-        num_workers: int = 0,
-        shuffle: bool = True,
-        pin_memory: bool = False,
         length_histogram: str | None = None,
-        packing: str = "none",
-        pack: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.length_histogram = length_histogram
-        self._packing_config = (packing, dict(pack or {}))
-        self.packing = PackingSettings()
         self._vocab_size = vocab_size
-        self.max_seq_length = max_seq_length
-        self.max_predictions_per_seq = max_predictions_per_seq
-        self.micro_batch_size = micro_batch_size
-        self.eval_micro_batch_size = eval_micro_batch_size or micro_batch_size
         self._num_train_samples = num_train_samples
         self._num_eval_samples = num_eval_samples
-        self.seed = seed
-        self.num_workers = num_workers
-        self.shuffle = shuffle
-        self.pin_memory = pin_memory
-        self.rank, self.world_size = 0, 1
+        self.length_histogram = length_histogram
+        self._spec: RowSpec | None = None
+        self._lengths: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
-    def check(self) -> None:
+    def check(self, spec: RowSpec) -> None:
         """Validate the settings; raises :class:`DataConfigError` naming the key."""
-        self.packing = PackingSettings.parse(*self._packing_config, DataConfigError)
-        if self.packing.mode == "offline":
-            raise DataConfigError(
-                "data.packing=offline reads a pack index written next to omnibert-prepare "
-                "shards and data=generated has none; use data.packing=online."
-            )
+        self._spec = spec
         self._histogram()
         for key, value, low in (
             ("data.vocab_size", self._vocab_size, 16),
-            ("phase.max_seq_length", self.max_seq_length, MIN_SEQ_LENGTH),
-            ("phase.max_predictions_per_seq", self.max_predictions_per_seq, 1),
-            ("phase.max_seq_length", self.max_seq_length, self.max_predictions_per_seq),
-            ("micro_batch_size", self.micro_batch_size, 1),
-            ("eval_micro_batch_size", self.eval_micro_batch_size, 1),
+            ("phase.max_seq_length", spec.max_seq_length, MIN_SEQ_LENGTH),
+            ("phase.max_predictions_per_seq", spec.max_predictions_per_seq, 1),
+            ("phase.max_seq_length", spec.max_seq_length, spec.max_predictions_per_seq),
             ("data.num_train_samples", self._num_train_samples, 1),
             ("data.num_eval_samples", self._num_eval_samples, 0),
-            ("data.num_workers", self.num_workers, 0),
         ):
             if value < low:
                 raise DataConfigError(f"{key}={value} must be at least {low}; fix {key}.")
-        per_rank = self._num_train_samples // self.world_size
-        if self.micro_batch_size > per_rank:
-            raise DataConfigError(
-                f"micro_batch_size={self.micro_batch_size} is larger than the {per_rank} "
-                f"generated rows each of {self.world_size} device(s) gets; raise "
-                "data.num_train_samples or lower the micro batch size."
-            )
 
     @property
     def vocab_size(self) -> int:
@@ -250,6 +222,10 @@ class GeneratedDataModule(PackedData, pl.LightningDataModule):
     def num_eval_samples(self) -> int:
         return self._num_eval_samples
 
+    @property
+    def masked_lm_prob(self) -> float:
+        return 0.15  # GeneratedRows masks 15% of the tokens, as the reference
+
     def describe(self) -> dict[str, Any]:
         return {
             "format": self.format,
@@ -257,7 +233,6 @@ class GeneratedDataModule(PackedData, pl.LightningDataModule):
             "eval_samples": self._num_eval_samples,
             "vocab_size": self._vocab_size,
             "length_histogram": self.length_histogram,
-            **self.batch_facts(),
         }
 
     def _histogram(self) -> list[int] | None:
@@ -279,46 +254,29 @@ class GeneratedDataModule(PackedData, pl.LightningDataModule):
                 f"'sequence_length_histogram' list ({type(err).__name__}); fix the path or set "
                 "it to null."
             ) from err
-        if sum(histogram[MIN_SEQ_LENGTH - 1 : self.max_seq_length]) <= 0:
+        assert self._spec is not None
+        if sum(histogram[MIN_SEQ_LENGTH - 1 : self._spec.max_seq_length]) <= 0:
             raise DataConfigError(
                 f"data.length_histogram={path} has no sequences of {MIN_SEQ_LENGTH}.."
-                f"{self.max_seq_length} tokens; use a histogram for this sequence length."
+                f"{self._spec.max_seq_length} tokens; use a histogram for this sequence length."
             )
         return histogram
 
-    @property
-    def masked_lm_prob(self) -> float:
-        return 0.15  # GeneratedRows masks 15% of the tokens, as the reference
-
     def row_lengths(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Tokens and masked positions of every training row."""
-        cache = self._packed()
-        if "lengths" not in cache:
-            cache["lengths"] = self.rows("train").row_lengths()
-        lengths: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] = cache["lengths"]
-        return lengths
+        if self._lengths is None:
+            self._lengths = self.rows("train").row_lengths()
+        return self._lengths
 
     def rows(self, split: str = "train") -> GeneratedRows:
         """The synthetic dataset of ``split`` ("train" or "eval")."""
+        assert self._spec is not None, "check() first"
         return GeneratedRows(
             self._num_train_samples if split == "train" else self._num_eval_samples,
             vocab_size=self._vocab_size,
-            max_seq_length=self.max_seq_length,
-            max_predictions_per_seq=self.max_predictions_per_seq,
-            seed=self.seed,
+            max_seq_length=self._spec.max_seq_length,
+            max_predictions_per_seq=self._spec.max_predictions_per_seq,
+            seed=self._spec.seed,
             split=0 if split == "train" else 1,
             length_histogram=self._histogram(),
         )
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.trainer is not None:
-            self.rank, self.world_size = int(self.trainer.global_rank), int(self.trainer.world_size)
-        self.check()
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        return train_loader(self, self.rows("train"), self._num_train_samples)
-
-    def val_dataloader(self) -> DataLoader[Any] | list[Any]:
-        if self._num_eval_samples == 0:
-            return []
-        return eval_loader(self, self.rows("eval"), self._num_eval_samples)

@@ -52,6 +52,21 @@ def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
     return tensor
 
 
+#: the static-shape batch ``BertForPreTraining.forward`` takes (DESIGN: batch contract), in
+#: the order tuple-only runtimes (poptorch) pass it: [B,S] row tensors, [B,P] masked-LM
+#: slots, [B,K] next-sentence slots
+BATCH_KEYS = (
+    "input_ids",
+    "segment_ids",
+    "position_ids",
+    "sequence_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "nsp_positions",
+    "nsp_labels",
+    "nsp_weights",
+)
 #: what ``BertForPreTraining.forward`` returns (without ``return_logits``), in this order
 OUTPUT_KEYS = (
     "loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omnibert.prepare.formats import FILE_SUFFIXES
 from omnibert.prepare.formats.hdf5 import HDF5FormatError, read_hdf5
 from omnibert.prepare.formats.tfrecord import TFRecordError, read_tfrecord
 
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TFRECORD_SUFFIXES", "arrow_features", "convert_to_arrow", "iter_records"]
 
-TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".gz")
-HDF5_SUFFIXES = (".hdf5", ".h5")
+TFRECORD_SUFFIXES = FILE_SUFFIXES["tfrecord"]
+HDF5_SUFFIXES = FILE_SUFFIXES["hdf5"]
 
 
 def iter_records(

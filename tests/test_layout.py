@@ -1,0 +1,93 @@
+"""The layout's promises: the training process never imports the offline side (numba, the
+prepare pipeline), accelerator plugins depend only on torch, Lightning and the model."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pipeline import prepare
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "omnibert"
+REFERENCE = Path(__file__).parent / "fixtures" / "reference"
+#: modules the training process must never load (offline data generation)
+OFFLINE = ("numba", "omnibert.prepare.pipeline", "omnibert.prepare.instances",
+           "omnibert.prepare.instance_kernel", "omnibert.prepare.shards")  # fmt: skip
+
+TRAINING_SIDE = """
+import json, sys
+import omnibert.apps.train, omnibert.data.datamodule, omnibert.data.converted
+from omnibert.data.datamodule import PretrainingDataModule
+from omnibert.data.sources import ArrowSource
+dm = PretrainingDataModule(source=ArrowSource, train_path=sys.argv[1], eval_path=sys.argv[1],
+                           max_seq_length=32, max_predictions_per_seq=5, micro_batch_size=4,
+                           num_workers=0)
+dm.setup("fit")
+batch = next(iter(dm.train_dataloader()))
+next(iter(dm.val_dataloader()))
+print(json.dumps({"shape": list(batch["input_ids"].shape),
+                  "loaded": sorted(m for m in sys.modules if m.startswith(("numba", "omnibert")))}))
+"""
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -> Path:
+    out = tmp_path_factory.mktemp("layout") / "train"
+    settings = InstanceSettings(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    prepare([str(REFERENCE / "tiny_docs.txt")], bert_vocab_file, out, settings, progress=False)
+    return out
+
+
+def test_training_reads_shards_without_importing_numba_or_the_prepare_pipeline(shards):
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINING_SIDE, str(shards)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["shape"] == [4, 32]  # the batch really was read from the shards
+    offline = [m for m in report["loaded"] if m.startswith(OFFLINE)]
+    assert offline == [], offline
+    assert "omnibert.data.sources" in report["loaded"]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports (top level or inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "accelerators").glob("*.py")), ids=lambda p: p.name)
+def test_accelerator_plugins_depend_only_on_torch_lightning_and_the_model(path):
+    allowed = ("omnibert.accelerators", "omnibert.models", "omnibert.errors")
+    ours = {m for m in _imports(path) if m.split(".")[0] == "omnibert"}
+    outside = sorted(m for m in ours if not m.startswith(allowed))
+    assert outside == [], f"{path.name} imports {outside}"
+
+
+@pytest.mark.parametrize(
+    "package", ["data", "models", "packing", "tokenization", "optim", "accelerators"]
+)
+def test_training_side_packages_never_import_the_offline_side(package):
+    for path in sorted((SRC / package).rglob("*.py")):
+        offline = sorted(m for m in _imports(path) if m.startswith(("omnibert.prepare", "numba")))
+        if package == "packing":  # the packing algorithms compile with numba, imported lazily
+            offline = [m for m in offline if m != "numba"]
+        if package == "data" and path.name == "converted.py":
+            # the TFRecord/HDF5 readers and converter run only when a conversion is needed
+            offline = [m for m in offline if not m.startswith("omnibert.prepare.formats")]
+        assert offline == [], f"{path.relative_to(SRC)} imports {offline}"
