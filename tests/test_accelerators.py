@@ -128,12 +128,9 @@ def test_gpu_without_cuda_stops_with_one_sentence():
 def test_gpu_fsdp_refuses_lamb_and_keeps_adamw():
     plugin = GPUPlugin(strategy="fsdp")
     with pytest.raises(AcceleratorError, match=r"strategy=fsdp .* optimizer=adamw"):
-        plugin.optimizer_config({"_target_": "omnibert.optim.Lamb", "lr": 1e-3})
-    adamw = {"_target_": "omnibert.optim.AdamW", "lr": 1e-3}
-    assert plugin.optimizer_config(adamw) == adamw
-    ddp = GPUPlugin()
-    lamb = {"_target_": "omnibert.optim.Lamb", "lr": 1e-3}
-    assert ddp.optimizer_config(lamb) == lamb
+        plugin.check_optimizer({"_target_": "omnibert.optim.Lamb", "lr": 1e-3})
+    plugin.check_optimizer({"_target_": "omnibert.optim.AdamW", "lr": 1e-3})
+    GPUPlugin().check_optimizer({"_target_": "omnibert.optim.Lamb", "lr": 1e-3})
 
 
 @pytest.mark.parametrize(

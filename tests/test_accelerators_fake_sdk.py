@@ -92,18 +92,21 @@ def test_hpu_fake_parallel_strategy_and_device_count(fake_sdk):
         build_plugin(_compose("accelerator=hpu", "accelerator.devices=9").accelerator)
 
 
-def test_hpu_fake_lamb_maps_to_fused_lamb(fake_sdk):
-    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
-    optimizer_cfg = dict(_compose("accelerator=hpu").optimizer)
-    assert plugin.optimizer_config(optimizer_cfg)["_target_"] == "omnibert.optim.vendor.hpu_lamb"
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
+def test_hpu_fake_fused_lamb_only_when_chosen(fake_sdk):
+    """accelerator=hpu never swaps the optimiser: optimizer=lamb is omnibert's LAMB there too;
+    Habana's FusedLamb is optimizer=lamb_habana (the FAKE one here)."""
     from habana_frameworks.torch.hpex.optimizers import FusedLamb
 
-    assert isinstance(optimizer, FusedLamb) and optimizer.defaults["max_grad_norm"] == 1.0
-    assert len(optimizer.param_groups) == 2  # decay / no decay (bias, LayerNorm)
-    off = HPUPlugin(fused_lamb=False)
-    assert off.optimizer_config(optimizer_cfg)["_target_"] == "omnibert.optim.Lamb"
+    from omnibert.optim import Lamb
+
+    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    lamb = plugin.build_optimizer(model.named_parameters(), _compose("accelerator=hpu").optimizer)
+    assert type(lamb) is Lamb
+    cfg = _compose("accelerator=hpu", "optimizer=lamb_habana").optimizer
+    fused = plugin.build_optimizer(model.named_parameters(), cfg)
+    assert isinstance(fused, FusedLamb) and fused.defaults["max_grad_norm"] == 1.0
+    assert len(fused.param_groups) == 2  # decay / no decay (bias, LayerNorm)
 
 
 def test_hpu_fake_lazy_step_marks_after_backward_and_after_the_update(fake_sdk):
@@ -159,13 +162,14 @@ def _ipu_run(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], list[tupl
         "accelerator.layers_per_ipu=[0,1]",
         "accelerator.available_memory_proportion=0.3",
         f"accelerator.executable_cache_dir={tmp_path}/exe",
+        "optimizer=lamb_poptorch",
         *overrides,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # poptorch LAMB differences, scheduler order
+            warnings.simplefilter("ignore")  # the scheduler stepped without optimizer.step
             summary = run(cfg, tmp_path / "out")
     finally:
         torch.set_num_threads(threads)
@@ -191,7 +195,7 @@ def test_ipu_fake_training_sets_options_wraps_the_model_and_drives_steps(
     assert opts.output_mode == poptorch.OutputMode.All
     assert opts.available_memory_proportion == {0: 0.3, 1: 0.3}
     assert opts.cache_path == f"{tmp_path}/exe" and not opts.offline
-    assert isinstance(training["optimizer"], poptorch.optim.LAMB)  # optimizer=lamb mapped
+    assert isinstance(training["optimizer"], poptorch.optim.LAMB)  # optimizer=lamb_poptorch
     # pipelining: embeddings and heads on IPU 0, the one encoder layer on IPU 1
     assert _calls(calls, "BeginBlock") == [
         {"user_id": "embeddings", "ipu_id": 0},
@@ -247,10 +251,8 @@ def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path):
     model = BertForPreTraining(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
                                           num_attention_heads=2, intermediate_size=64,
                                           max_position_embeddings=32))  # fmt: skip
-    optimizer_cfg = dict(_compose("accelerator=ipu").optimizer)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
+    optimizer_cfg = _compose("accelerator=ipu", "optimizer=lamb_poptorch").optimizer
+    optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
     poptorch.CALLS.clear()
     report = plugin.compile_only(model, batch, optimizer)
     (training,) = _calls(poptorch.CALLS, "trainingModel")
@@ -270,3 +272,57 @@ def test_ipu_fake_refuses_more_ipus_than_the_host_has(fake_sdk, tmp_path):
             plugin.trainer_kwargs("32-true")
     finally:
         poptorch.FAKE_IPUS = 16
+
+
+# ------------------------------------------------------------------ the optimiser, unchanged
+ACCELERATORS = ("cpu", "gpu", "hpu", "ipu")
+OPTIMIZERS = ("lamb", "lamb_mlperf", "adamw", "lamb_habana", "lamb_poptorch")
+#: optimisers a backend cannot run: refused with one sentence, never replaced
+REFUSED = {
+    ("ipu", "lamb"): "omnibert's LAMB cannot run",
+    ("ipu", "lamb_mlperf"): "omnibert's LAMB cannot run",
+    ("ipu", "lamb_habana"): "is not one poptorch compiles",
+}
+#: what only builds inside the vendor's own environment (the FAKE SDKs are on the path)
+VENDOR = {"lamb_habana": "FusedLamb", "lamb_poptorch": "LAMB"}
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_every_accelerator_builds_the_configured_optimizer(fake_sdk, accelerator, optimizer):
+    """Under every accelerator config, the optimiser built (and saved in the checkpoint's
+    hyper-parameters) is the one configured, or it is refused with one sentence."""
+    from hydra.utils import get_class, instantiate
+
+    cfg = _compose("experiment=smoke", f"accelerator={accelerator}", f"optimizer={optimizer}",
+                   "+phase.lr.adamw=1e-4")  # fmt: skip
+    plugin = instantiate(cfg.accelerator, _convert_="all")  # gpu: no CUDA here, not checked
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    if (accelerator, optimizer) in REFUSED:
+        with pytest.raises(AcceleratorError, match=REFUSED[(accelerator, optimizer)]):
+            plugin.build_optimizer(model.named_parameters(), cfg.optimizer)
+        return
+    built = plugin.build_optimizer(model.named_parameters(), cfg.optimizer)
+    if optimizer in VENDOR:
+        assert type(built).__name__ == VENDOR[optimizer] and built.fake  # the FAKE SDK's
+    else:
+        assert type(built) is get_class(cfg.optimizer._target_)
+    assert built.defaults["lr"] == cfg.optimizer.lr
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "optimizer"),
+    [("cpu", "lamb"), ("hpu", "lamb"), ("hpu", "lamb_habana"), ("ipu", "lamb_poptorch")],
+)
+def test_a_run_trains_with_the_configured_optimizer(fake_sdk, tmp_path, accelerator, optimizer):
+    """Through the app's wiring: the task's optimiser and its saved hyper-parameters are the
+    configured ones (the HPU plugin used to rewrite the _target_ before)."""
+    from omnibert.run.training import build_task, prepare
+
+    cfg = _compose("experiment=smoke", f"paths.output_root={tmp_path}",
+                   f"accelerator={accelerator}", f"optimizer={optimizer}")  # fmt: skip
+    task, _ = build_task(prepare(cfg))
+    assert task.hparams["optimizer"]["_target_"] == cfg.optimizer._target_
+    optimizer_obj = task.configure_optimizers()["optimizer"]
+    expected = {"lamb": "Lamb", "lamb_habana": "FusedLamb", "lamb_poptorch": "LAMB"}[optimizer]
+    assert type(optimizer_obj).__name__ == expected

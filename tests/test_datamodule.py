@@ -31,7 +31,6 @@ from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
-CONF = Path(__file__).parents[1] / "conf" / "data"
 SEQ, PREDS = 32, 5
 
 
@@ -409,33 +408,3 @@ def test_generated_check_names_the_key() -> None:
         generated(micro_batch_size=600)
     with pytest.raises(DataConfigError, match=r"phase\.max_seq_length=4 must be at least 5"):
         generated(max_seq_length=4, max_predictions_per_seq=2)
-
-
-# ---------------------------------------------------------------------- configs
-
-
-@pytest.mark.parametrize("name", ["arrow", "tfrecord", "hdf5", "generated"])
-def test_data_configs_instantiate(name: str, data: dict[str, Path], tmp_path: Path) -> None:
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    yaml = OmegaConf.load(CONF / f"{name}.yaml")
-    assert OmegaConf.to_container(yaml.pop("defaults")) == [{"pack": "default"}, "_self_"]
-    yaml = OmegaConf.merge(OmegaConf.load(CONF / "pack" / "default.yaml"), yaml)
-    assert yaml.packing == "none"
-    assert "micro_batch_size" not in yaml and "eval_micro_batch_size" not in yaml
-    if name != "generated":
-        assert OmegaConf.is_missing(yaml, "train_path") and OmegaConf.is_missing(yaml, "eval_path")
-    root = OmegaConf.create({"phase": {"max_seq_length": SEQ, "max_predictions_per_seq": PREDS},
-                             "seed": 7, "data": yaml})  # fmt: skip
-    paths = {"arrow": data["train"], "tfrecord": tmp_path / "x.tfrecord", "hdf5": tmp_path / "x.h5"}
-    if name in ("tfrecord", "hdf5"):
-        records = datasets.load_from_disk(str(data["train"])).to_list()
-        (write_tfrecord if name == "tfrecord" else write_hdf5)(paths[name], records, SEQ, PREDS)
-        root.data.cache_dir = str(tmp_path / "cache")
-    if name != "generated":
-        root.data.train_path, root.data.eval_path = str(paths[name]), None
-    dm = instantiate(root.data, micro_batch_size=8, eval_micro_batch_size=4)
-    dm.check()
-    assert dm.max_seq_length == SEQ and dm.seed == 7 and dm.num_workers == 2
-    assert dm.num_train_samples == (65536 if name == "generated" else 226)

@@ -251,14 +251,11 @@ def test_closure_and_zero_grad_follow_apex():
 
 @pytest.mark.parametrize("name", ["lamb", "lamb_mlperf", "adamw"])
 def test_optimizer_configs_instantiate_with_named_parameters(name):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(overrides=[f"+optimizer={name}"])
+    from omnibert.apps.compose import compose
+
+    cfg = compose("pretrain", ["experiment=smoke", f"optimizer={name}", "+phase.lr.adamw=1e-4"])
     model = torch.nn.Module()
     model.dense = torch.nn.Linear(3, 4)  # BERT's names: dense.*, LayerNorm.*
     model.LayerNorm = torch.nn.LayerNorm(4)

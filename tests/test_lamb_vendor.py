@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from omnibert.optim import Lamb
-from omnibert.optim.vendor import hpu_lamb, ipu_lamb, ipu_lamb_differences
+from omnibert.optim.vendor import VendorOptimizerError, habana_lamb, poptorch_lamb
 
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
 APEX_LIKE = {
@@ -41,7 +39,7 @@ def _model():
 
 
 def test_fake_hpu_gets_fused_lamb_with_mapped_flags(fake_sdk):
-    opt = hpu_lamb(_model().named_parameters(), **{**APEX_LIKE, "use_nvlamb": True})
+    opt = habana_lamb(_model().named_parameters(), **{**APEX_LIKE, "use_nvlamb": True})
     assert type(opt).__name__ == "FusedLamb" and opt.fake
     assert opt.use_lamb is True
     assert opt.defaults["max_grad_norm"] == 1.0 and opt.defaults["betas"] == (0.9, 0.999)
@@ -50,40 +48,44 @@ def test_fake_hpu_gets_fused_lamb_with_mapped_flags(fake_sdk):
 
 
 def test_fake_hpu_disabled_clipping_maps_to_none(fake_sdk):
-    opt = hpu_lamb(_model().parameters(), lr=1e-3, max_grad_norm=0.0)
+    opt = habana_lamb(_model().parameters(), lr=1e-3, max_grad_norm=0.0)
     assert opt.defaults["max_grad_norm"] is None
 
 
 @pytest.mark.parametrize(
-    "flag", [{"adam_w_mode": False}, {"max_weight_norm": 10.0}, {"impl": "reference"}]
+    ("flag", "key"),
+    [
+        ({"adam_w_mode": False}, "optimizer.adam_w_mode=false"),
+        ({"max_weight_norm": 10.0}, "optimizer.max_weight_norm"),
+        ({"exclude_from_layer_adaptation": ["bias"]}, "optimizer.exclude_from_layer_adaptation"),
+    ],
 )
-def test_fake_hpu_falls_back_with_a_warning_when_semantics_differ(fake_sdk, flag):
-    with pytest.warns(UserWarning, match="instead of Habana FusedLamb"):
-        opt = hpu_lamb(_model().named_parameters(), **{**APEX_LIKE, **flag})
-    assert isinstance(opt, Lamb) and opt.impl == "foreach"
+def test_fake_hpu_refuses_settings_fused_lamb_cannot_compute(fake_sdk, flag, key):
+    """optimizer=lamb_habana gives the configured maths or one sentence, never another
+    optimiser (it used to fall back to omnibert's Lamb with a warning)."""
+    with pytest.raises(VendorOptimizerError) as info:
+        habana_lamb(_model().named_parameters(), **{**APEX_LIKE, **flag})
+    assert key in str(info.value) and "optimizer=lamb" in str(info.value)
 
 
-def test_hpu_without_sdk_falls_back(monkeypatch):
+def test_hpu_lamb_without_the_sdk_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, "habana_frameworks", None)  # import fails
-    with pytest.warns(UserWarning, match="not importable"):
-        opt = hpu_lamb(_model().named_parameters(), **APEX_LIKE)
-    assert isinstance(opt, Lamb)
+    with pytest.raises(VendorOptimizerError, match="habana_frameworks is not importable"):
+        habana_lamb(_model().named_parameters(), **APEX_LIKE)
 
 
-def test_fake_ipu_maps_to_poptorch_lamb_and_names_each_difference(fake_sdk):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        opt = ipu_lamb(_model().named_parameters(), **APEX_LIKE)
+def test_fake_ipu_builds_poptorch_lamb_with_its_own_rules(fake_sdk):
+    opt = poptorch_lamb(_model().named_parameters(), lr=6e-3, no_weight_decay=["bias", "LayerNorm"])
     assert type(opt).__name__ == "LAMB" and opt.fake
     assert opt.defaults["eps"] == 1e-6 and opt.bias_correction is True
+    assert opt.defaults["max_weight_norm"] == 65500.0
     assert opt.accum_types == (torch.float32,) * 3
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
-    messages = " | ".join(str(w.message) for w in caught)
-    assert "no global gradient-norm clipping" in messages
-    assert "trust ratio applies to every tensor" in messages
-    assert "65500" in messages
+    with pytest.raises(TypeError, match="max_grad_norm"):  # a key poptorch's LAMB has not
+        poptorch_lamb(_model().named_parameters(), lr=6e-3, max_grad_norm=1.0)  # type: ignore[call-arg]
 
 
-def test_ipu_differences_shrink_when_flags_match_poptorch():
-    diffs = ipu_lamb_differences(max_grad_norm=None, use_nvlamb=True, max_weight_norm=65500.0)
-    assert diffs == ["the step count is per parameter, not per group (equal unless grads skip)"]
+def test_ipu_lamb_without_poptorch_is_refused(monkeypatch):
+    monkeypatch.setitem(sys.modules, "poptorch", None)
+    with pytest.raises(VendorOptimizerError, match="poptorch is not importable"):
+        poptorch_lamb(_model().named_parameters(), lr=1e-3)

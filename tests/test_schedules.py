@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from omnibert.optim.schedules import NaturalExpWarmupLR, PolyWarmupLR, StepTableLR
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _opt(lr: float, groups: int = 1) -> torch.optim.Optimizer:
@@ -149,22 +145,31 @@ def test_scheduler_state_round_trips_weights_only(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("name", "step", "expected"),
+    ("name", "phase", "step", "expected"),
     [
-        ("poly_warmup", 5000, 6e-3 * (1 - 5000 / 7038) ** 0.5),
-        ("poly_warmup_phase2", 1000, 6e-3 * (1 - 1000 / 1563) ** 0.5),
-        ("linear_warmup", 3519, 6e-3 * 0.5),
-        ("natural_exp_warmup", 3000, 6e-3 * math.exp(-3000 / 7038)),
-        ("step_table", 1500, 6e-3),
+        ("poly_warmup", "phase1", 5000, 6e-3 * (1 - 5000 / 7038) ** 0.5),
+        ("poly_warmup", "phase2", 1000, 4e-3 * (1 - 1000 / 1563) ** 0.5),
+        ("poly_warmup", "phase2", 100, 4e-3 * 100 / (0.128 * 1563)),
+        ("linear_warmup", "phase1", 3519, 6e-3 * 0.5),
+        ("natural_exp_warmup", "phase1", 3000, 6e-3 * math.exp(-3000 / 7038)),
+        ("step_table", "phase1", 1500, 6e-3),
     ],
 )
-def test_schedule_configs_compose_and_instantiate(name, step, expected):
-    # as the primary config will: optimizer group + `optimizer/schedule@schedule: <name>`
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(overrides=["+optimizer=lamb", f"+optimizer/schedule@schedule={name}"])
-    assert "schedule" not in cfg.optimizer  # the optimizer node stays a pure Lamb partial
+def test_schedule_configs_run_the_phase(name, phase, step, expected, tmp_path):
+    """Each schedule config as the app builds it: the phase's warmup and LR, the phase's
+    step count passed as total_steps (conf/schedule/*.yaml, conf/phase/*.yaml)."""
+    from omnibert.apps.compose import compose
+
+    cfg = compose("pretrain", [f"schedule={name}", f"phase={phase}", "data.train_path=x",
+                               "data.eval_path=null", f"paths.output_root={tmp_path}"])  # fmt: skip
     model = torch.nn.Linear(2, 2)
     optimizer = instantiate(cfg.optimizer)(model.named_parameters())
-    sched = instantiate(cfg.schedule)(optimizer)
+    sched = instantiate(cfg.schedule)(optimizer, total_steps=cfg.phase.max_steps)
     sched.last_epoch = step
     assert sched.get_lr()[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_step_table_entry_past_the_run_is_refused():
+    with pytest.raises(ValueError, match=r"entry at step 5000 but the run has 100 steps"):
+        StepTableLR(_opt(1.0), [[0, 0.1], [5000, 0.2]], total_steps=100)
+    assert StepTableLR(_opt(1.0), [[0, 0.1], [99, 0.2]], total_steps=100).table_lr(99) == 0.2

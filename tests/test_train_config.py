@@ -1,107 +1,172 @@
-"""conf/pretrain.yaml: every option of every group composes and builds; the recipes' values;
-the derived batch arithmetic and its refusals."""
+"""conf/pretrain.yaml through the app's own wiring: every option of every group composes and
+runs a training step (or is refused with one sentence where this machine lacks the device or
+SDK); the recipes' values; what a phase owns; types checked when composing, ranges before
+compute; the derived batch arithmetic and its refusals."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
+import datasets
 import pytest
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from omnibert.apps.compose import compose, group_options
-from omnibert.models import BertConfig
-from omnibert.run.plan import (
-    TrainConfigError,
-    batch_plan,
+from omnibert.apps.train import run_or_exit
+from omnibert.prepare.formats.hdf5 import write_hdf5
+from omnibert.prepare.formats.tfrecord import write_tfrecord
+from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.pipeline import prepare as prepare_shards
+from omnibert.run.checks import (
     check_optimizer,
     describe_clipping,
     resolve_ckpt_path,
     resolve_clipping,
     resolve_vocab_size,
 )
+from omnibert.run.plan import TrainConfigError, batch_plan
+from omnibert.run.training import build, prepare
 
+REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 GROUPS = (
     "paths",
     "accelerator",
     "model",
     "data",
-    "optimizer",
-    "optimizer/schedule@schedule",
+    "task",
     "phase",
+    "optimizer",
+    "schedule",
     "trainer",
     "logger",
     "callbacks",
     "experiment",
     "debug",
 )
+# experiment=smoke: a 1-layer 32-wide BERT on generated rows, seq 32 with 5 masks
+SMOKE = ("experiment=smoke", "phase.max_steps=2", "val_every_n_steps=2")
+# the same run spelled out, so that any data, model or experiment option can be combined
+TINY = (
+    "model.config.hidden_size=32",
+    "model.config.num_hidden_layers=1",
+    "model.config.num_attention_heads=2",
+    "model.config.intermediate_size=64",
+    "model.config.max_position_embeddings=64",
+    "phase.max_seq_length=32",
+    "phase.max_predictions_per_seq=5",
+    "phase.global_batch_size=8",
+    "phase.max_steps=2",
+    "micro_batch_size=4",
+    "val_every_n_steps=2",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+)
+GENERATED = ("data=generated", "data.vocab_size=128", "data.num_train_samples=64",
+             "data.num_eval_samples=8", "data.num_workers=0")  # fmt: skip
 
 
-def _options(group: str) -> list[str]:
-    return group_options(group.split("@")[0])
-
-
-def _compose(*overrides: str) -> DictConfig:
-    return compose("pretrain", list(overrides))
-
-
-def _base_overrides(tmp_path: Path) -> list[str]:
-    # fill the data paths (MISSING in the arrow config) and keep outputs in tmp
-    return [f"paths.output_root={tmp_path}", "data.train_path=x", "data.eval_path=null"]
-
-
-def _build(cfg: DictConfig) -> dict[str, Any]:
-    """Instantiate what the app instantiates (data module, optimiser + schedule, callbacks,
-    loggers, Trainer, model config) with the app's derived keyword arguments."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+def _c(*overrides: str) -> dict[str, Any]:
+    c = OmegaConf.to_container(compose("pretrain", overrides), resolve=True)
     assert isinstance(c, dict)
-    plan = batch_plan(
-        c["phase"]["global_batch_size"],
-        c["accelerator"]["devices"],
-        c["accelerator"]["num_nodes"],
-        c["micro_batch_size"],
-        c["eval_micro_batch_size"],
-    )
-    data = instantiate(
-        cfg.data,
-        micro_batch_size=plan.micro_batch_size,
-        eval_micro_batch_size=plan.eval_micro_batch_size,
-    )
-    assert isinstance(data, pl.LightningDataModule)
-    check_optimizer(c["optimizer"], c["schedule"])
-    config = BertConfig(**{**c["model"]["config"], "vocab_size": 30522})
-    callbacks = [instantiate(v) for v in cfg.callbacks.values() if v is not None]
-    loggers = [instantiate(v) for v in cfg.logger.values() if v is not None] if cfg.logger else []
-    trainer = instantiate(
-        cfg.trainer,
-        accumulate_grad_batches=plan.accumulate_grad_batches,
-        val_check_interval=plan.accumulate_grad_batches,
-        limit_train_batches=plan.accumulate_grad_batches,
-        callbacks=callbacks,
-        logger=loggers or False,
-    )
-    assert isinstance(trainer, pl.Trainer)
-    if not trainer.fast_dev_run:
-        assert trainer.max_steps == c["phase"]["max_steps"]
-    return {"config": config, "plan": plan, "c": c, "trainer": trainer}
+    return c
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -> dict[str, str]:
+    """Real data at the smoke shape (seq 32, 5 masks) in every format the data configs read."""
+    root = tmp_path_factory.mktemp("data")
+    settings = InstanceSettings(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    for split, text in (("train", "wiki_like.txt"), ("eval", "tiny_docs.txt")):
+        prepare_shards([str(REFERENCE / text)], bert_vocab_file, root / split, settings,
+                       progress=False)  # fmt: skip
+    rows = datasets.load_from_disk(str(root / "train")).to_list()
+    write_tfrecord(root / "train.tfrecord", rows, 32, 5)
+    write_hdf5(root / "train.hdf5", rows, 32, 5)
+    return {"root": str(root), "vocab": str(bert_vocab_file)}
+
+
+def _data_overrides(option: str, files: dict[str, str]) -> list[str]:
+    root = files["root"]
+    paths = {
+        "arrow": (f"{root}/train", f"{root}/eval"),
+        "tfrecord": (f"{root}/train.tfrecord", "null"),
+        "hdf5": (f"{root}/train.hdf5", "null"),
+    }
+    if option not in paths:
+        return [f"data={option}"]
+    train, evaluation = paths[option]
+    out = [f"data={option}", f"data.train_path={train}", f"data.eval_path={evaluation}"]
+    out += [f"data.vocab_file={files['vocab']}", "data.num_workers=0"]
+    if option != "arrow":
+        out.append(f"data.cache_dir={root}/cache-{option}")
+    return out
+
+
+#: options this machine cannot run: the sentence that refuses them, before any compute
+REFUSED = {
+    ("accelerator", "gpu"): "accelerator=gpu needs a CUDA GPU",
+    ("accelerator", "hpu"): "accelerator=hpu needs Intel Gaudi's habana_frameworks",
+    ("accelerator", "ipu"): "accelerator=ipu needs Graphcore's poptorch",
+    ("optimizer", "lamb_habana"): "optimizer=lamb_habana is Intel Gaudi's FusedLamb",
+    ("optimizer", "lamb_poptorch"): "optimizer=lamb_poptorch is Graphcore's poptorch",
+    ("trainer", "fp16"): "trainer.precision=16-mixed is not supported by accelerator=cpu",
+}
+#: what an option needs besides its name to run on CPU in seconds
+EXTRA = {
+    ("optimizer", "adamw"): ["optimizer.lr=1e-4"],  # the phases are tuned for LAMB only
+    ("phase", "phase2"): ["phase.init_from=null"],  # no phase-1 run to start from here
+    ("schedule", "step_table"): ["schedule.table=[[0,1.0e-4],[1,1.0e-3]]"],
+}
+OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_runs_a_step(files, tmp_path, capsys, monkeypatch, group, option):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    if group == "data":
+        data = _data_overrides(option, files)
+    elif (group, option) == ("experiment", "demo"):  # the demo's data, made small
+        data = _data_overrides("arrow", files)[1:]
+    else:
+        data = [] if (group, option) == ("experiment", "smoke") else list(GENERATED)
+    overrides = [f"paths.output_root={tmp_path}", f"{group}={option}", *data, *TINY]
+    if group != "logger":
+        overrides.append("logger=none")
+    if group != "callbacks":
+        overrides.append("callbacks=minimal")
+    cfg = compose("pretrain", overrides + EXTRA.get((group, option), []))
+    if (group, option) in REFUSED:
+        with pytest.raises(SystemExit) as info:
+            run_or_exit(cfg, tmp_path / "out")
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and REFUSED[(group, option)] in err[0], err
+        assert not (tmp_path / "out" / "plan.json").exists()
+        return
+    summary = run_or_exit(cfg, tmp_path / "out")
+    # fast_dev_run: Lightning's dry run of 2 micro-batches = 1 step of 2, no checkpoint
+    assert summary["steps"] == (1 if option == "fast_dev_run" else 2)
+    if option != "fast_dev_run":
+        assert Path(summary["last_checkpoint"]).is_file()
+    if option not in ("tfrecord", "hdf5", "fast_dev_run"):  # those run without an eval set
+        assert summary["validation"]["val/mlm_count"] > 0
+    assert (tmp_path / "out" / "summary.json").is_file()
 
 
 def test_defaults_are_the_lamb_phase1_recipe(tmp_path):
-    cfg = _compose(*_base_overrides(tmp_path))
-    c = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(c, dict)
+    c = _c(f"paths.output_root={tmp_path}", "data.train_path=x", "data.eval_path=null")
     assert c["optimizer"]["_target_"] == "omnibert.optim.Lamb"
     assert c["optimizer"]["lr"] == 6.0e-3
     assert c["schedule"]["_target_"] == "omnibert.optim.schedules.PolyWarmupLR"
     assert c["schedule"]["warmup_proportion"] == 0.2843 and c["schedule"]["power"] == 0.5
+    assert c["task"]["_target_"] == "omnibert.tasks.PretrainingTask"
     phase = c["phase"]
     assert (phase["max_seq_length"], phase["max_predictions_per_seq"]) == (128, 20)
     assert (phase["global_batch_size"], phase["max_steps"]) == (65536, 7038)
-    # one step count: the trainer and the schedule read phase.max_steps
-    assert c["trainer"]["max_steps"] == c["schedule"]["total_steps"] == 7038
+    assert c["trainer"]["max_steps"] == 7038  # one step count
     assert c["trainer"]["use_distributed_sampler"] is False
     assert c["trainer"]["precision"] == "32-true"
     assert c["data"]["max_seq_length"] == 128 and c["data"]["seed"] == c["seed"]
@@ -110,96 +175,98 @@ def test_defaults_are_the_lamb_phase1_recipe(tmp_path):
 
 
 def test_phase2_is_the_seq512_recipe_from_phase1(tmp_path):
-    c = OmegaConf.to_container(_compose(*_base_overrides(tmp_path), "phase=phase2"), resolve=True)
-    assert isinstance(c, dict)
+    base = (f"paths.output_root={tmp_path}", "data.train_path=x", "data.eval_path=null")
+    c = _c(*base, "phase=phase2")
     phase = c["phase"]
     assert (phase["max_seq_length"], phase["max_predictions_per_seq"]) == (512, 76)
     assert (phase["global_batch_size"], phase["max_steps"]) == (32768, 1563)
     assert c["optimizer"]["lr"] == 4.0e-3
-    assert c["schedule"]["total_steps"] == c["trainer"]["max_steps"] == 1563
-    assert c["schedule"]["warmup_proportion"] == 0.128
-    phase1 = OmegaConf.to_container(_compose(*_base_overrides(tmp_path)), resolve=True)
-    assert isinstance(phase1, dict)
+    assert c["trainer"]["max_steps"] == 1563 and c["schedule"]["warmup_proportion"] == 0.128
+    phase1 = _c(*base)
     # phase 2 starts from phase 1's last checkpoint, and writes its own run directory
     assert phase["init_from"] == f"{phase1['paths']['checkpoint_dir']}/last.ckpt"
     assert c["paths"]["run_dir"] != phase1["paths"]["run_dir"]
 
 
-def test_changing_max_steps_moves_the_schedule_with_it(tmp_path):
-    c = OmegaConf.to_container(
-        _compose(*_base_overrides(tmp_path), "phase.max_steps=300"), resolve=True
-    )
-    assert isinstance(c, dict)
-    assert c["trainer"]["max_steps"] == c["schedule"]["total_steps"] == 300
+def test_the_schedule_runs_the_phase_and_the_optimizer_lr_follows_the_phase(tmp_path):
+    """The task builds the schedule phase.max_steps long; LAMB's LR is the phase's."""
+    built = build(prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
+                                               "phase.max_steps=300", "phase.lr.lamb=3e-3"])))  # fmt: skip
+    out = built.task.configure_optimizers()
+    assert out["lr_scheduler"]["scheduler"].total_steps == 300
+    assert out["optimizer"].defaults["lr"] == 3e-3
+    assert built.trainer.max_steps == 300
+    assert type(out["optimizer"]).__name__ == "Lamb"
 
 
-OPTIONS = [(g, o) for g in GROUPS for o in _options(g)]
+def test_switching_the_optimizer_never_inherits_another_optimizers_lr(tmp_path, capsys):
+    """optimizer=adamw under a LAMB phase used to train AdamW at LAMB's 6e-3."""
+    with pytest.raises(SystemExit):
+        run_or_exit(compose("pretrain", [*SMOKE, "optimizer=adamw"]), tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert "phase.lr.adamw" in err and "optimizer.lr=" in err and len(err.splitlines()) == 1
+    built = build(prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
+                                               "optimizer=adamw", "+phase.lr.adamw=2e-4"])))  # fmt: skip
+    optimizer = built.task.configure_optimizers()["optimizer"]
+    assert type(optimizer).__name__ == "AdamW" and optimizer.defaults["lr"] == 2e-4
 
 
-@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes_and_builds(tmp_path, group, option):
-    overrides = [*_base_overrides(tmp_path), f"{group}={option}"]
-    if group == "optimizer/schedule@schedule" and option == "step_table":
-        # a step table has no length: drop the keys the phase gives step-count schedules
-        overrides += ["~schedule.total_steps", "~schedule.warmup_proportion"]
-    if group == "experiment" or (group == "data" and option == "generated"):
-        overrides = [f"paths.output_root={tmp_path}", *overrides[3:]]
-    cfg = _compose(*overrides)
-    if group == "accelerator" and option != "cpu":
-        # the plugin must build (its constructor checks no SDK); its Trainer needs the device
-        # or SDK and is built in tests/test_accelerators*.py (fakes for hpu and ipu)
-        from omnibert.accelerators import AcceleratorPlugin
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("phase.global_batch_size=abc", "phase.global_batch_size"),
+        ("micro_batch_size=two", "micro_batch_size"),
+        ("data.pack.buffer_size=big", "data.pack.buffer_size"),
+        ("model.config.hidden_size=wide", "model.config.hidden_size"),
+        ("compile_only=maybe", "compile_only"),
+    ],
+)
+def test_type_errors_are_reported_when_composing_with_the_key(override, words):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose("pretrain", ["experiment=smoke", override])
+    assert words in str(info.value.__cause__)
 
-        assert isinstance(instantiate(cfg.accelerator, _convert_="all"), AcceleratorPlugin)
-        cfg = _compose(*overrides[:-1])
-    built = _build(cfg)
-    c = built["c"]
-    if group == "model":
-        assert dataclasses.asdict(built["config"]).keys() == {
-            f.name for f in dataclasses.fields(BertConfig)
-        }
-        assert c["model"]["config"]["vocab_size"] is None  # taken from the data
-        assert set(c["model"]) >= {"name", "init_from", "config"}
-    if group == "accelerator":
-        assert set(c["accelerator"]) >= {"accelerator", "devices", "num_nodes", "strategy"}
-    if group == "logger" and option != "none":
-        assert built["trainer"].loggers
-    if group == "debug":
-        trainer = built["trainer"]
-        checks = {
-            "fast_dev_run": lambda: trainer.fast_dev_run == 2,
-            "overfit": lambda: c["steps_per_epoch"] == 1 and c["data"]["shuffle"] is False,
-            "profile": lambda: type(trainer.profiler).__name__ == "SimpleProfiler",
-            "anomaly": lambda: c["trainer"]["detect_anomaly"] is True,
-        }
-        assert checks[option]()
-    if group == "logger" and option.startswith("wandb"):
-        assert built["trainer"].loggers[0].save_dir == c["paths"]["log_dir"]
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("phase.max_steps=0", "phase.max_steps=0 must be at least 1"),
+        ("phase.warmup_proportion=1.5", "phase.warmup_proportion=1.5 must lie in [0, 1]"),
+        ("phase.lr.lamb=-1", "phase.lr.lamb=-1.0 must be positive"),
+        ("micro_batch_size=0", "micro_batch_size=0 must be at least 1"),
+        ("val_every_n_steps=0", "val_every_n_steps=0 must be at least 1"),
+    ],
+)
+def test_range_errors_stop_before_compute_naming_the_key(tmp_path, capsys, override, words):
+    with pytest.raises(SystemExit) as info:
+        run_or_exit(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}", override]),
+                    tmp_path / "out")  # fmt: skip
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_experiments_are_small(tmp_path):
+    smoke = prepare(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
+    assert smoke.plan.batch.accumulate_grad_batches == 2
+    assert smoke.c["data"]["source"]["_target_"].endswith("GeneratedSource")
+    demo = _c(f"paths.output_root={tmp_path}", "experiment=demo")
+    assert demo["data"]["train_path"] == "outputs/demo/train"
+    assert demo["model"]["config"]["num_hidden_layers"] <= 4
+    assert demo["phase"]["max_steps"] * demo["phase"]["global_batch_size"] <= 50_000
 
 
 def test_wandb_offline_logs_without_a_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     for key in ("WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(key, raising=False)
-    cfg = _compose(*_base_overrides(tmp_path), "logger=wandb_offline", "run_name=offline")
-    logger = instantiate(cfg.logger.wandb)
-    try:
-        logger.log_metrics({"train/loss": 1.5}, step=1)
-    finally:
-        logger.experiment.finish()
+    cfg = compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}", "logger=wandb_offline",
+                               "run_name=offline"])  # fmt: skip
+    summary = run_or_exit(cfg, tmp_path / "out")
+    assert summary["steps"] == 2
     runs = list((Path(cfg.paths.log_dir) / "wandb").glob("offline-run-*"))
     assert runs and any(runs[0].rglob("*.wandb"))
-
-
-def test_experiments_are_small(tmp_path):
-    smoke = _build(_compose(f"paths.output_root={tmp_path}", "experiment=smoke"))
-    assert smoke["plan"].accumulate_grad_batches == 2
-    assert smoke["c"]["data"]["_target_"].endswith("PretrainingDataModule")
-    assert smoke["c"]["data"]["source"]["_target_"].endswith("GeneratedSource")
-    demo = _build(_compose(f"paths.output_root={tmp_path}", "experiment=demo"))
-    assert demo["c"]["data"]["train_path"] == "outputs/demo/train"
-    assert demo["c"]["model"]["config"]["num_hidden_layers"] <= 4
-    assert demo["c"]["phase"]["max_steps"] * demo["c"]["phase"]["global_batch_size"] <= 50_000
 
 
 # ---------------------------------------------------------------- derived batch arithmetic
@@ -261,22 +328,19 @@ def test_clipping_is_decided_once():
 
 
 def test_lamb_mlperf_turns_on_micro_batch_clipping(tmp_path):
-    c = OmegaConf.to_container(
-        _compose(*_base_overrides(tmp_path), "optimizer=lamb_mlperf"), resolve=True
-    )
-    assert isinstance(c, dict)
+    c = _c(f"paths.output_root={tmp_path}", "experiment=smoke", "optimizer=lamb_mlperf")
     assert resolve_clipping(c["clip_grad_per_micro_batch"], c["optimizer"]) == 1.0
 
 
 def test_bad_optimizer_or_schedule_keys_fail_before_compute():
     with pytest.raises(TrainConfigError, match="optimizer"):
         check_optimizer(
-            {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1, "x": 1}, None
+            {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1, "x": 1}, None, 10
         )
     opt = {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1e-3}
     sched = {"_target_": "omnibert.optim.schedules.PolyWarmupLR", "_partial_": True}
     with pytest.raises(TrainConfigError, match="schedule"):
-        check_optimizer(opt, {**sched, "total_steps": 0})
+        check_optimizer(opt, sched, 0)
 
 
 def test_ckpt_path_resolution(tmp_path):

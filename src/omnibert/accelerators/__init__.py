@@ -16,6 +16,7 @@ __all__ = ["AcceleratorError", "AcceleratorPlugin", "build_plugin"]
 
 def build_plugin(accelerator_cfg: Any) -> AcceleratorPlugin:
     """The plugin ``accelerator_cfg`` (the composed ``accelerator`` node) describes, checked."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     if "_target_" not in accelerator_cfg:
@@ -23,7 +24,12 @@ def build_plugin(accelerator_cfg: Any) -> AcceleratorPlugin:
             "the accelerator config has no _target_; select one of conf/accelerator/*.yaml, "
             "e.g. accelerator=cpu."
         )
-    plugin = instantiate(accelerator_cfg, _convert_="all")
+    try:
+        plugin = instantiate(accelerator_cfg, _convert_="all")
+    except InstantiationException as err:  # a plugin's own check of its keys
+        if isinstance(err.__cause__, AcceleratorError):
+            raise err.__cause__ from None
+        raise
     if not isinstance(plugin, AcceleratorPlugin):
         raise AcceleratorError(
             f"accelerator._target_={accelerator_cfg['_target_']} is not an AcceleratorPlugin; "

@@ -7,8 +7,8 @@ environment. Vendor SDKs are imported only inside the methods of the plugin that
 so importing this package never imports ``poptorch`` or ``habana_frameworks``.
 
 The accelerator group may change speed and memory, never the maths: a plugin must not
-change the model, the data or the optimiser's update rule (an optimiser mapping returns a
-vendor implementation only where its update is the same, else warns and keeps omnibert's).
+change the model, the data or the optimiser. Vendor optimisers are explicit ``optimizer=``
+choices; a plugin only refuses an optimiser its backend cannot run (:meth:`check_optimizer`).
 """
 
 from __future__ import annotations
@@ -115,20 +115,18 @@ class AcceleratorPlugin:
         }
 
     # ------------------------------------------------------------------ optimiser
-    def optimizer_config(self, optimizer_cfg: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``_partial_`` optimiser config this backend builds (default: unchanged).
-
-        ``PretrainingTask`` instantiates it with ``model.named_parameters()``.
-        """
-        return dict(optimizer_cfg)
+    def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
+        """Refuse (:class:`AcceleratorError`, one sentence) an optimiser this backend cannot
+        run as configured. Never substitutes one: the configured optimiser is the one built."""
 
     def build_optimizer(
         self, named_parameters: Iterable[tuple[str, nn.Parameter]], optimizer_cfg: Mapping[str, Any]
     ) -> torch.optim.Optimizer:
-        """The optimiser :meth:`optimizer_config` describes, built for ``named_parameters``."""
+        """The configured optimiser (a ``_partial_`` config), checked, for ``named_parameters``."""
         from hydra.utils import instantiate
 
-        factory = instantiate(self.optimizer_config(optimizer_cfg), _convert_="all")
+        self.check_optimizer(optimizer_cfg)
+        factory = instantiate(dict(optimizer_cfg), _convert_="all")
         optimizer: torch.optim.Optimizer = factory(named_parameters)
         return optimizer
 

@@ -101,7 +101,7 @@ class GPUPlugin(AcceleratorPlugin):
             **options,
         )
 
-    def optimizer_config(self, optimizer_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
         target = str(optimizer_cfg.get("_target_"))
         if self.strategy == "fsdp" and target not in _ELEMENTWISE:
             raise AcceleratorError(
@@ -109,7 +109,6 @@ class GPUPlugin(AcceleratorPlugin):
                 f"{target}'s per-tensor norms (LAMB's trust ratio) would be taken over shards; "
                 "use optimizer=adamw with FSDP or accelerator.strategy=ddp."
             )
-        return dict(optimizer_cfg)
 
     def compile_model(self, model: nn.Module) -> nn.Module:
         return compile_in_place(model, self.compile_options) if self.compile else model

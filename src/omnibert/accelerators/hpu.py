@@ -1,5 +1,6 @@
 """Intel Gaudi (HPU) through ``lightning-habana``: single/parallel strategies, the HPU
-precision plugin, lazy or eager mode, optional HPU graphs, Habana's FusedLamb.
+precision plugin, lazy or eager mode, optional HPU graphs. omnibert's LAMB runs as it is;
+Habana's FusedLamb is the explicit choice ``optimizer=lamb_habana``.
 
 Every ``habana_frameworks`` / ``lightning_habana`` import happens inside these methods. In
 lazy mode (``PT_HPU_LAZY_MODE=1``) ops are accumulated until ``mark_step``:
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,7 +28,6 @@ _MISSING = (
     "not importable here; run inside Intel's Gaudi PyTorch container (vault.habana.ai) or "
     "`pip install -r requirements-hpu.txt` in an environment with the Gaudi software stack."
 )
-_LAMB_TARGETS = ("omnibert.optim.Lamb", "omnibert.optim.lamb.Lamb")
 
 
 class HPUPlugin(AcceleratorPlugin):
@@ -42,9 +41,6 @@ class HPUPlugin(AcceleratorPlugin):
             replay them (``habana_frameworks.torch.hpu.ModuleCacher``); needs static shapes,
             which omnibert's batches have.
         max_graphs: how many recorded graphs ``ModuleCacher`` keeps.
-        fused_lamb: map ``optimizer=lamb`` to Habana's ``FusedLamb`` where its update is the
-            same (:func:`omnibert.optim.vendor.hpu_lamb`, which warns and keeps omnibert's
-            Lamb otherwise).
     """
 
     name = "hpu"
@@ -60,7 +56,6 @@ class HPUPlugin(AcceleratorPlugin):
         compile: bool = False,
         hpu_graphs: bool = False,
         max_graphs: int = 10,
-        fused_lamb: bool = True,
     ) -> None:
         super().__init__(devices, num_nodes, strategy, accelerator)
         if mode not in ("lazy", "eager"):
@@ -79,7 +74,6 @@ class HPUPlugin(AcceleratorPlugin):
         self.compile = bool(compile)
         self.hpu_graphs = bool(hpu_graphs)
         self.max_graphs = int(max_graphs)
-        self.fused_lamb = bool(fused_lamb)
 
     @property
     def device(self) -> torch.device:
@@ -141,14 +135,6 @@ class HPUPlugin(AcceleratorPlugin):
             "plugins": [HPUPrecisionPlugin(precision=_hpu_precision(precision))],
         }
 
-    # ------------------------------------------------------------------ optimiser
-    def optimizer_config(self, optimizer_cfg: Mapping[str, Any]) -> dict[str, Any]:
-        cfg = dict(optimizer_cfg)
-        if self.fused_lamb and cfg.get("_target_") in _LAMB_TARGETS:
-            # same keyword arguments: hpu_lamb falls back to Lamb(**them) on a mismatch
-            cfg["_target_"] = "omnibert.optim.vendor.hpu_lamb"
-        return cfg
-
     # ------------------------------------------------------------------ model
     def compile_model(self, model: nn.Module) -> nn.Module:
         if self.compile:
@@ -198,7 +184,6 @@ class HPUPlugin(AcceleratorPlugin):
             "PT_HPU_LAZY_MODE": os.environ.get("PT_HPU_LAZY_MODE"),
             "compile": self.compile,
             "hpu_graphs": self.hpu_graphs,
-            "fused_lamb": self.fused_lamb,
         }
 
 

@@ -41,7 +41,14 @@ _MISSING = (
     "Poplar SDK container (graphcore/pytorch) or `pip install -r requirements-ipu.txt` in the "
     "SDK's Python environment."
 )
-_LAMB_TARGETS = ("omnibert.optim.Lamb", "omnibert.optim.lamb.Lamb")
+#: optimisers poptorch compiles into the IPU program: its own LAMB and torch's AdamW
+#: (which poptorch converts to poptorch.optim.AdamW)
+RUNS_ON_IPU = (
+    "omnibert.optim.vendor.poptorch_lamb",
+    "omnibert.optim.AdamW",
+    "omnibert.optim.param_groups.AdamW",
+    "torch.optim.AdamW",
+)
 
 
 class IPUPlugin(AcceleratorPlugin):
@@ -56,8 +63,6 @@ class IPUPlugin(AcceleratorPlugin):
             every IPU or one per IPU.
         executable_cache_dir: where compiled executables are cached (``null``: off).
         offline_ipu_version: IPU version compile-only targets without hardware (2 = Mk2).
-        ipu_lamb: map ``optimizer=lamb`` to ``poptorch.optim.LAMB``
-            (:func:`omnibert.optim.vendor.ipu_lamb`, which warns about each difference).
     """
 
     name = "ipu"
@@ -74,7 +79,6 @@ class IPUPlugin(AcceleratorPlugin):
         available_memory_proportion: float | Sequence[float] | None = None,
         executable_cache_dir: str | None = None,
         offline_ipu_version: int = 2,
-        ipu_lamb: bool = True,
     ) -> None:
         super().__init__(devices, num_nodes, strategy, accelerator)
         if num_nodes != 1:
@@ -100,7 +104,6 @@ class IPUPlugin(AcceleratorPlugin):
         self.available_memory_proportion = None if amp is None else [float(a) for a in amp]
         self.executable_cache_dir = executable_cache_dir
         self.offline_ipu_version = offline_ipu_version
-        self.ipu_lamb = bool(ipu_lamb)
         self.gradient_accumulation = 1  # set from the batch plan by loop_kwargs
         self._pipelined: set[int] = set()
 
@@ -226,11 +229,22 @@ class IPUPlugin(AcceleratorPlugin):
             "plugins": [IPUPrecision(_ipu_precision(precision))],
         }
 
-    def optimizer_config(self, optimizer_cfg: Mapping[str, Any]) -> dict[str, Any]:
-        cfg = dict(optimizer_cfg)
-        if self.ipu_lamb and cfg.get("_target_") in _LAMB_TARGETS:
-            cfg["_target_"] = "omnibert.optim.vendor.ipu_lamb"
-        return cfg
+    def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
+        """poptorch runs the optimiser inside the IPU program: only its own optimisers."""
+        target = str(optimizer_cfg.get("_target_"))
+        if target in RUNS_ON_IPU:
+            return
+        if target in ("omnibert.optim.Lamb", "omnibert.optim.lamb.Lamb"):
+            raise AcceleratorError(
+                "accelerator=ipu runs the optimiser inside the IPU program, where omnibert's "
+                "LAMB cannot run; choose optimizer=lamb_poptorch to train with poptorch's LAMB, "
+                "whose update differs (no gradient-norm clipping, the trust ratio on every "
+                "tensor, weight norms clamped at 65500; docs/lamb.md)."
+            )
+        raise AcceleratorError(
+            f"accelerator=ipu runs the optimiser inside the IPU program and {target} is not "
+            "one poptorch compiles; choose optimizer=lamb_poptorch or optimizer=adamw."
+        )
 
     # ------------------------------------------------------------------ compile-only
     def compile_only(
@@ -297,7 +311,6 @@ class IPUPlugin(AcceleratorPlugin):
             "layers_per_ipu": self.layers_per_ipu,
             "available_memory_proportion": self.available_memory_proportion,
             "executable_cache_dir": self.executable_cache_dir,
-            "ipu_lamb": self.ipu_lamb,
         }
 
 

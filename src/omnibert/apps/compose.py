@@ -28,6 +28,9 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
+    from omnibert.apps.schema import register
+
+    register()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         return hydra_compose(
             config_name=config_name,

@@ -19,7 +19,7 @@ Step the scheduler once per optimiser step (Lightning: ``"interval": "step"``).
   (TF ``natural_exp_decay``; ``staircase`` floors the exponent's step ratio).
 * :class:`StepTableLR`: a step→LR table, piecewise constant (or linear with ``interpolate``).
 * Linear warmup + linear decay is :class:`PolyWarmupLR` with ``power=1``
-  (``conf/optimizer/schedule/linear_warmup.yaml``).
+  (``conf/schedule/linear_warmup.yaml``).
 
 Scheduler state is plain numbers, so it round-trips through ``weights_only`` checkpoints.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch.optim import Optimizer
@@ -141,23 +141,33 @@ class NaturalExpWarmupLR(_WarmupSchedule):
 
 
 class StepTableLR(LRScheduler):
-    """LR from a ``{step: lr}`` table: the entry of the largest step ``<=`` the current one.
+    """LR from a table of ``(step, lr)`` pairs (or a ``{step: lr}`` mapping): the entry of the
+    largest step ``<=`` the current one.
 
     Before the first entry the first LR applies. With ``interpolate`` the LR moves linearly
     between entries. Values are absolute LRs for the first parameter group; other groups keep
-    their ratio to it (``lr_g = table · base_g / base_0``).
+    their ratio to it (``lr_g = table · base_g / base_0``). ``total_steps`` (the run's length,
+    as every schedule gets it) refuses entries the run would never reach.
     """
 
     def __init__(
         self,
         optimizer: Optimizer,
-        table: Mapping[Any, float],
+        table: Mapping[Any, float] | Sequence[Sequence[float]],
         interpolate: bool = False,
+        total_steps: int | None = None,
         last_epoch: int = -1,
     ) -> None:
-        if not table:
-            raise ValueError("StepTableLR needs a non-empty {step: lr} table.")
-        items = sorted((int(k), float(v)) for k, v in table.items())
+        pairs = table.items() if isinstance(table, Mapping) else table
+        items = sorted((int(k), float(v)) for k, v in pairs)
+        if not items:
+            raise ValueError("StepTableLR needs a non-empty table of [step, lr] pairs.")
+        if total_steps is not None and items[-1][0] >= total_steps:
+            raise ValueError(
+                f"schedule.table has an entry at step {items[-1][0]} but the run has "
+                f"{total_steps} steps (phase.max_steps), so it would never apply; drop it or "
+                "train longer."
+            )
         self.steps = [k for k, _ in items]
         self.values = [v for _, v in items]
         self.interpolate = bool(interpolate)

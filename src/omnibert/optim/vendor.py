@@ -1,26 +1,29 @@
-"""LAMB on Intel Gaudi (HPU) and Graphcore IPU: vendor optimisers where the maths matches.
+"""Vendor LAMBs as explicit optimiser choices: ``optimizer=lamb_habana`` and
+``optimizer=lamb_poptorch``. Never swapped in by an accelerator plugin.
 
 Vendor SDKs are imported inside these functions only. Neither was run on real hardware in
 this project's tests: they run against fake ``habana_frameworks`` / ``poptorch`` modules that
 follow the documented signatures (``tests/fakes/sdk``).
 
-* :func:`hpu_lamb` returns ``habana_frameworks.torch.hpex.optimizers.FusedLamb`` when the
-  requested flags mean the same thing there, else warns and returns :class:`Lamb` (foreach).
-* :func:`ipu_lamb` returns ``poptorch.optim.LAMB`` and warns once per semantic difference
-  (:func:`ipu_lamb_differences`); poptorch compiles the optimiser into the IPU graph, so
-  there is no host-side fallback.
+* :func:`habana_lamb` (``conf/optimizer/lamb_habana.yaml``) takes :class:`Lamb`'s keyword
+  arguments and returns ``habana_frameworks.torch.hpex.optimizers.FusedLamb`` computing the
+  same update. Settings FusedLamb cannot honour are refused with one sentence: the user gets
+  the maths they configured or an error, never another optimiser.
+* :func:`poptorch_lamb` (``conf/optimizer/lamb_poptorch.yaml``) builds
+  ``poptorch.optim.LAMB`` with the arguments it has. Its update differs from omnibert's
+  (docs/lamb.md): the config states poptorch's rules, and the IPU plugin refuses omnibert's
+  LAMB, which cannot run inside the IPU program, naming those differences.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from omnibert.optim.lamb import Lamb
-from omnibert.optim.param_groups import normalize_params
+from omnibert.errors import UserError
+from omnibert.optim.param_groups import BERT_NO_WEIGHT_DECAY, normalize_params
 
 _APEX_ARGS = (
     "lr",
@@ -36,44 +39,48 @@ _APEX_ARGS = (
 )
 
 
+class VendorOptimizerError(UserError):
+    """A vendor optimiser cannot run here or cannot compute what its config asks."""
+
+
 def hpu_lamb_mismatches(**kwargs: Any) -> list[str]:
     """Why Habana's ``FusedLamb`` would not compute what ``Lamb(**kwargs)`` computes."""
     reasons = []
     if kwargs.get("adam_w_mode", True) is False:
-        reasons.append("adam_w_mode=False (FusedLamb's phase-1 op always decays decoupled)")
+        reasons.append("optimizer.adam_w_mode=false (FusedLamb always decays decoupled)")
     if kwargs.get("max_weight_norm") is not None:
-        reasons.append("max_weight_norm (FusedLamb does not clamp the weight norm)")
+        reasons.append("optimizer.max_weight_norm (FusedLamb does not clamp the weight norm)")
     if kwargs.get("exclude_from_layer_adaptation"):
-        reasons.append("exclude_from_layer_adaptation (FusedLamb has no per-name trust ratio)")
-    if kwargs.get("impl", "auto") != "auto":
-        reasons.append(f"impl={kwargs['impl']!r} was requested explicitly")
+        reasons.append(
+            "optimizer.exclude_from_layer_adaptation (FusedLamb has no per-name trust ratio)"
+        )
     return reasons
 
 
-def hpu_lamb(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
-    """Habana ``FusedLamb`` when its semantics match ``kwargs`` (Lamb's), else :class:`Lamb`.
+def habana_lamb(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+    """``optimizer=lamb_habana``: Habana ``FusedLamb`` with ``Lamb``'s keyword arguments.
 
     Matching flags map one to one (``use_nvlamb`` is Habana's ``use_lamb``; ``max_grad_norm``
-    ``None`` or ``<= 0`` disables clipping in both). ``no_weight_decay`` patterns become
+    ``None`` or ``<= 0`` disables clipping in both); ``no_weight_decay`` patterns become
     parameter groups first, which FusedLamb honours. FusedLamb keeps its moments in the
-    parameters' dtype, not fp32 (same as apex): fine for fp32 parameters with bf16 autocast.
+    parameters' dtype, not fp32 (as apex): fine for fp32 parameters with bf16 autocast.
     """
     reasons = hpu_lamb_mismatches(**kwargs)
-    fused_cls = None
-    if not reasons:
-        try:
-            from habana_frameworks.torch.hpex.optimizers import FusedLamb
-
-            fused_cls = FusedLamb
-        except ImportError as err:
-            reasons.append(f"habana_frameworks is not importable ({err})")
-    if fused_cls is None:
-        warnings.warn(
-            "HPU LAMB: using omnibert's foreach Lamb instead of Habana FusedLamb because of "
-            + "; ".join(reasons),
-            stacklevel=2,
+    if reasons:
+        raise VendorOptimizerError(
+            "optimizer=lamb_habana (Habana FusedLamb) cannot compute what is configured: "
+            + "; ".join(reasons)
+            + "; drop those settings or use optimizer=lamb, which runs on Gaudi too."
         )
-        return Lamb(params, **{**kwargs, "impl": "foreach"})
+    try:
+        from habana_frameworks.torch.hpex.optimizers import FusedLamb
+    except ImportError as err:
+        raise VendorOptimizerError(
+            "optimizer=lamb_habana is Intel Gaudi's FusedLamb and habana_frameworks is not "
+            "importable here; use it with accelerator=hpu in Intel's Gaudi container, or "
+            "optimizer=lamb elsewhere."
+        ) from err
+    kwargs.pop("impl", None)  # omnibert's kernel choice; FusedLamb has its own kernel
     groups = normalize_params(
         params, kwargs.get("weight_decay", 0.01), kwargs.get("no_weight_decay")
     )
@@ -88,59 +95,44 @@ def hpu_lamb(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
     for group in groups:
         if isinstance(group, dict):
             group.pop("param_names", None)  # FusedLamb predates named parameter groups
-    return fused_cls(groups, **fused_kwargs)
+    return FusedLamb(groups, **fused_kwargs)
 
 
-def ipu_lamb_differences(**kwargs: Any) -> list[str]:
-    """How ``poptorch.optim.LAMB`` differs from ``Lamb(**kwargs)`` (empty: same maths)."""
-    diffs = []
-    max_grad_norm = kwargs.get("max_grad_norm", 1.0)
-    if max_grad_norm is not None and max_grad_norm > 0:
-        diffs.append(
-            f"no global gradient-norm clipping (max_grad_norm={max_grad_norm} is ignored): "
-            "poptorch's LAMB has none"
-        )
-    if not kwargs.get("use_nvlamb", False):
-        diffs.append(
-            "the trust ratio applies to every tensor, also those with weight_decay 0 "
-            "(as use_nvlamb=True)"
-        )
-    if kwargs.get("adam_w_mode", True) is False:
-        diffs.append("adam_w_mode=False is not available: weight decay is decoupled")
-    if kwargs.get("grad_averaging", True) is False:
-        diffs.append("grad_averaging=False is not available: m = b1*m + (1-b1)*g")
-    if kwargs.get("exclude_from_layer_adaptation"):
-        diffs.append("exclude_from_layer_adaptation is not available")
-    if kwargs.get("max_weight_norm") is None:
-        diffs.append("max_weight_norm=None becomes poptorch's default clamp of 65500 (fp16 max)")
-    diffs.append("the step count is per parameter, not per group (equal unless grads skip)")
-    return diffs
-
-
-def ipu_lamb(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
-    """``poptorch.optim.LAMB`` with ``kwargs`` (Lamb's) mapped; warns about each difference."""
-    import poptorch
-
-    for diff in ipu_lamb_differences(**kwargs):
-        warnings.warn(
-            f"IPU LAMB (poptorch.optim.LAMB) differs from omnibert Lamb: {diff}.", stacklevel=2
-        )
-    groups = normalize_params(
-        params, kwargs.get("weight_decay", 0.01), kwargs.get("no_weight_decay")
-    )
+def poptorch_lamb(
+    params: Any,
+    lr: float,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-6,
+    weight_decay: float = 0.01,
+    no_weight_decay: Sequence[str] | None = BERT_NO_WEIGHT_DECAY,
+    bias_correction: bool = True,
+    max_weight_norm: float = 65500.0,
+) -> torch.optim.Optimizer:
+    """``optimizer=lamb_poptorch``: ``poptorch.optim.LAMB`` with fp32 accumulators; its rules
+    (docs/lamb.md): no gradient clipping, the trust ratio on every tensor, the weight norm
+    clamped at ``max_weight_norm``, per-parameter step counts."""
+    try:
+        import poptorch
+    except ImportError as err:
+        raise VendorOptimizerError(
+            "optimizer=lamb_poptorch is Graphcore's poptorch.optim.LAMB and poptorch is not "
+            "importable here; use it with accelerator=ipu in the Poplar SDK's environment, or "
+            "optimizer=lamb elsewhere."
+        ) from err
+    groups = normalize_params(params, weight_decay, no_weight_decay)
     for group in groups:
         if isinstance(group, dict):
             group.pop("param_names", None)
-    betas: Sequence[float] = kwargs.get("betas", (0.9, 0.999))
-    return poptorch.optim.LAMB(
+    optimizer: torch.optim.Optimizer = poptorch.optim.LAMB(
         groups,
-        lr=kwargs.get("lr", 1e-3),
+        lr=lr,
         betas=tuple(betas),
-        eps=kwargs.get("eps", 1e-6),
-        weight_decay=kwargs.get("weight_decay", 0.01),
-        bias_correction=kwargs.get("bias_correction", True),
-        max_weight_norm=kwargs.get("max_weight_norm"),
+        eps=eps,
+        weight_decay=weight_decay,
+        bias_correction=bias_correction,
+        max_weight_norm=max_weight_norm,
         accum_type=torch.float32,
         first_order_momentum_accum_type=torch.float32,
         second_order_momentum_accum_type=torch.float32,
     )
+    return optimizer

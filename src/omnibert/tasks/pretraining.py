@@ -39,7 +39,7 @@ from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
-from omnibert.run.plan import architecture_diffs
+from omnibert.run.checks import architecture_diffs
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +114,10 @@ class PretrainingTask(pl.LightningModule):
     Args:
         model_config: :class:`~omnibert.models.BertConfig` fields (``vocab_size`` resolved).
         optimizer: a ``_partial_`` optimiser config, called with ``model.named_parameters()``.
-        schedule: a ``_partial_`` LR-scheduler config called with the optimiser, stepped
-            every optimiser step; ``None`` keeps the LR constant.
+        schedule: a ``_partial_`` LR-scheduler config called with the optimiser and
+            ``total_steps``, stepped every optimiser step; ``None`` keeps the LR constant.
+        total_steps: the run's optimiser steps (``phase.max_steps``): the schedule's length
+            (``None``: the Trainer's ``max_steps``).
         init_from: initial weights for a fresh run, applied by :meth:`load_initial_weights`:
             a Hugging Face BERT directory, or a Lightning ``.ckpt`` of an earlier phase
             (weights only; the optimiser and schedule start fresh).
@@ -129,6 +131,7 @@ class PretrainingTask(pl.LightningModule):
         model_config: Mapping[str, Any],
         optimizer: Mapping[str, Any],
         schedule: Mapping[str, Any] | None = None,
+        total_steps: int | None = None,
         init_from: str | None = None,
         vocab_file: str | None = None,
         clip_grad_per_micro_batch: float | None = None,
@@ -139,6 +142,7 @@ class PretrainingTask(pl.LightningModule):
             "model_config": dataclasses.asdict(config),
             "optimizer": plain(optimizer),
             "schedule": plain(schedule),
+            "total_steps": total_steps,
             "init_from": None if init_from is None else str(init_from),
             "vocab_file": None if vocab_file is None else str(vocab_file),
             "clip_grad_per_micro_batch": clip_grad_per_micro_batch,
@@ -275,7 +279,12 @@ class PretrainingTask(pl.LightningModule):
             )
         if self.hparams["schedule"] is None:
             return optimizer
-        scheduler = instantiate(self.hparams["schedule"], _convert_="all")(optimizer)
+        total = self.hparams.get("total_steps")
+        if total is None:
+            total = int(self.trainer.max_steps)
+        scheduler = instantiate(self.hparams["schedule"], _convert_="all")(
+            optimizer, total_steps=total
+        )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},

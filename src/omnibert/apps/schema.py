@@ -1,0 +1,157 @@
+"""Structured configs (Hydra ConfigStore) for the keys the apps validate: types are checked by
+OmegaConf when the config is composed, with the key's path in the message; ranges by
+:func:`validate` as the first thing an app does, before any heavy import or file access.
+
+* ``pretrain_schema``: the root of ``conf/pretrain.yaml`` (run keys, the ``phase`` node, the
+  model's ``config``); groups that are ``_target_`` nodes (accelerator, data, optimizer,
+  schedule, task, trainer, callbacks, logger) are checked by what they build.
+* ``schema/pack``: ``data.pack.*`` of every data config (``data.packing`` is checked by the
+  data module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from omnibert.errors import UserError
+from omnibert.models.config import BertConfig
+
+__all__ = ["ConfigError", "register", "validate"]
+
+
+class ConfigError(UserError):
+    """A config value outside its range; the message names the key and the fix."""
+
+
+def _positive(key: str, value: Any, low: int = 1) -> None:
+    if value is not None and value < low:
+        raise ConfigError(f"{key}={value!r} must be at least {low}; fix {key}.")
+
+
+@dataclass
+class PhaseConfig:
+    """``phase``: one training recipe (conf/phase/phase1.yaml says what it owns)."""
+
+    name: str = MISSING
+    max_seq_length: int = MISSING
+    max_predictions_per_seq: int = MISSING
+    global_batch_size: int = MISSING
+    max_steps: int = MISSING
+    lr: dict[str, float] = field(default_factory=dict)
+    warmup_proportion: float = 0.0
+    warmup_steps: Optional[int] = None  # noqa: UP045 (OmegaConf reads the annotation)
+    init_from: Optional[str] = None  # noqa: UP045
+
+    def check(self) -> None:
+        """Ranges (OmegaConf checked the types)."""
+        _positive("phase.max_seq_length", self.max_seq_length, 5)
+        _positive("phase.max_predictions_per_seq", self.max_predictions_per_seq)
+        _positive("phase.global_batch_size", self.global_batch_size)
+        _positive("phase.max_steps", self.max_steps)
+        _positive("phase.warmup_steps", self.warmup_steps, 0)
+        if not 0.0 <= self.warmup_proportion <= 1.0:
+            raise ConfigError(
+                f"phase.warmup_proportion={self.warmup_proportion} must lie in [0, 1]; fix it."
+            )
+        for name, lr in self.lr.items():
+            if lr <= 0:
+                raise ConfigError(f"phase.lr.{name}={lr} must be positive; fix phase.lr.{name}.")
+
+
+def _model_config_schema() -> type:
+    """:class:`~omnibert.models.BertConfig`'s fields with ``vocab_size`` optional (null: the
+    data's), as a structured config; BertConfig itself checks ranges when the model is built."""
+    hints = typing.get_type_hints(BertConfig)
+    fields = []
+    for f in dataclasses.fields(BertConfig):
+        kind: Any = hints[f.name]
+        default: Any = f.default if f.default is not dataclasses.MISSING else None
+        if f.name == "vocab_size":
+            kind = Optional[int]  # noqa: UP045
+        fields.append((f.name, kind, field(default=default)))
+    return dataclasses.make_dataclass("BertConfigNode", fields)
+
+
+BertConfigNode = _model_config_schema()
+
+
+@dataclass
+class ModelNode:
+    """``model``: a name for run directories, optional initial weights, the architecture."""
+
+    name: str = MISSING
+    init_from: Optional[str] = None  # noqa: UP045
+    config: Any = field(default_factory=BertConfigNode)
+
+
+@dataclass
+class PackNode:
+    """``data.pack`` (conf/data/pack/default.yaml documents each key)."""
+
+    max_sequences_per_pack: int = 3
+    max_predictions_per_pack: Optional[int] = None  # noqa: UP045
+    buffer_size: int = 16384
+    algorithm: str = "nnlshp"
+    index: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
+class PretrainConfig:
+    """The root of ``conf/pretrain.yaml``."""
+
+    paths: Any = MISSING
+    accelerator: Any = MISSING
+    model: ModelNode = field(default_factory=ModelNode)
+    data: Any = MISSING
+    task: Any = MISSING
+    phase: PhaseConfig = field(default_factory=PhaseConfig)
+    optimizer: Any = MISSING
+    schedule: Any = None
+    trainer: Any = MISSING
+    logger: Any = None
+    callbacks: Any = None
+    run_name: str = MISSING
+    seed: int = 12345
+    micro_batch_size: Optional[int] = None  # noqa: UP045
+    eval_micro_batch_size: Optional[int] = None  # noqa: UP045
+    ckpt_path: Optional[str] = None  # noqa: UP045
+    val_every_n_steps: Optional[int] = None  # noqa: UP045
+    steps_per_epoch: Optional[int] = None  # noqa: UP045
+    # auto | null | a positive norm
+    clip_grad_per_micro_batch: Any = "auto"
+    compile_only: bool = False
+    # false | true | a mapping of omnibert.run.profiling.ProfileSettings fields
+    profile: Any = False
+
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """Put the schemas in Hydra's ConfigStore (idempotent); call before composing."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="pretrain_schema", node=PretrainConfig)
+    store.store(group="schema", name="pack", node=PackNode)
+    _REGISTERED = True
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range checks of the structured nodes (types were checked when composing): raises
+    :class:`ConfigError` (or the model's ``BertConfigError``) naming the key."""
+    if "phase" in cfg:
+        phase = OmegaConf.to_object(cfg.phase)
+        assert isinstance(phase, PhaseConfig)
+        phase.check()
+    for key in ("micro_batch_size", "eval_micro_batch_size", "val_every_n_steps"):
+        _positive(key, cfg.get(key))
+    _positive("steps_per_epoch", cfg.get("steps_per_epoch"))

@@ -1,0 +1,326 @@
+"""The wiring of a training run, shared by ``omnibert-train`` and every test that builds a run.
+
+In this order: resolve and range-check the config → the accelerator plugin (SDK checked) and
+the SLURM layout → the batch plan → the data module, checked → everything else derived and
+checked (vocab size, resume target, initial weights, optimiser and schedule, clipping,
+profiling) = :func:`prepare`, no compute yet; then the task (``cfg.task``'s ``_target_``),
+callbacks, loggers and the Trainer = :func:`build`; then :func:`fit` trains, validates on the
+whole eval set and returns the summary. The composed config is never modified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+
+from omnibert.run.checks import (
+    check_init_from,
+    check_optimizer,
+    check_resume_target,
+    describe_clipping,
+    instantiate_node,
+    remove_stale_temporaries,
+    resolve_ckpt_path,
+    resolve_clipping,
+    resolve_vocab_size,
+)
+from omnibert.run.plan import (
+    BatchPlan,
+    TrainConfigError,
+    TrainPlan,
+    batch_plan,
+    packed_batch_plan,
+)
+
+__all__ = ["Prepared", "Run", "build", "build_task", "fit", "prepare", "resolve"]
+
+log = logging.getLogger("omnibert.train")
+
+
+def resolve(cfg: DictConfig, app: str = "omnibert-train") -> dict[str, Any]:
+    """The config as plain containers, interpolations resolved, ranges checked; every
+    problem is one sentence naming the key."""
+    from omnibert.apps.schema import validate
+
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise TrainConfigError(
+                f"{', '.join(missing)} must be set, e.g. {app} data.train_path=<dir> "
+                "data.eval_path=<dir> (or experiment=demo)."
+            )
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as err:
+        raise TrainConfigError(_interpolation_message(cfg, err)) from err
+    except OmegaConfBaseException as err:
+        raise TrainConfigError(f"the config does not resolve: {err}".splitlines()[0]) from err
+    validate(cfg)
+    assert isinstance(container, dict)
+    return cast(dict[str, Any], container)
+
+
+def _interpolation_message(cfg: DictConfig, err: InterpolationKeyError) -> str:
+    key = str(err.full_key or "")
+    text = str(err).splitlines()[0]
+    if key == "optimizer.lr" and "phase.lr." in text:
+        family = text.split("phase.lr.")[1].split("'")[0]
+        tuned = ", ".join(OmegaConf.select(cfg, "phase.lr", default={}) or {}) or "none"
+        return (
+            f"the optimizer takes its learning rate from phase.lr.{family}, which "
+            f"phase={OmegaConf.select(cfg, 'phase.name')} does not set (it has LRs for "
+            f"{tuned}); set optimizer.lr=<value> or +phase.lr.{family}=<value>."
+        )
+    return f"{key or 'the config'} does not resolve: {text}"
+
+
+@dataclass
+class Prepared:
+    """Everything derived and checked before compute (``prepare``)."""
+
+    cfg: DictConfig
+    c: dict[str, Any]
+    plugin: Any
+    environment: dict[str, Any]
+    datamodule: Any
+    plan: TrainPlan
+    profile: Any = None
+
+
+@dataclass
+class Run:
+    """A built run: the prepared plan plus the task, callbacks, loggers and Trainer."""
+
+    prepared: Prepared
+    task: Any
+    trainer: Any
+    callbacks: list[Any] = field(default_factory=list)
+    initialised_from: str | None = None
+
+
+def _plugin(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The accelerator plugin (its SDK checked before any compute) and the environment
+    report."""
+    from omnibert.accelerators import build_plugin
+
+    plugin = build_plugin(cfg.accelerator)
+    return plugin, plugin.environment()
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Derive and check everything before compute (module docstring); builds no model."""
+    from omnibert.run.profiling import check_profile
+    from omnibert.run.slurm import check_slurm_layout
+
+    c = resolve(cfg)
+    plugin, environment = _plugin(cfg)
+    check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
+    plugin.check_precision(str(c["trainer"].get("precision")))
+    acc = c["accelerator"]
+    batch = batch_plan(
+        c["phase"]["global_batch_size"],
+        acc["devices"],
+        acc["num_nodes"],
+        c.get("micro_batch_size"),
+        c.get("eval_micro_batch_size"),
+    )
+    datamodule = instantiate_node(
+        cfg.data,
+        micro_batch_size=batch.micro_batch_size,
+        eval_micro_batch_size=batch.eval_micro_batch_size,
+    )
+    datamodule.check()
+    if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
+        batch = packed_batch_plan(batch, datamodule.sequences_per_row, c.get("micro_batch_size"))
+        datamodule.micro_batch_size = batch.micro_batch_size
+        datamodule.check()
+    plan = plan_run(c, datamodule, batch)
+    profile = check_profile(c)
+    return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
+
+
+def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
+    """Everything derived from the resolved config ``c`` and the (checked) data."""
+    from omnibert.models import BertConfig
+
+    model_cfg = dict(c["model"]["config"])
+    vocab_size = resolve_vocab_size(model_cfg, datamodule.vocab_size)
+    model_cfg["vocab_size"] = vocab_size
+    config = BertConfig(**model_cfg)
+    phase = c["phase"]
+    if phase["max_seq_length"] > config.max_position_embeddings:
+        raise TrainConfigError(
+            f"phase.max_seq_length={phase['max_seq_length']} exceeds "
+            f"model.config.max_position_embeddings={config.max_position_embeddings}; shorten "
+            "the sequences or use a model with more positions."
+        )
+    max_steps = c["trainer"]["max_steps"]
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise TrainConfigError(f"phase.max_steps={max_steps!r} must be a positive integer.")
+    model_init, phase_init = c["model"].get("init_from"), phase.get("init_from")
+    checkpoint_dir = str(Path(c["paths"]["checkpoint_dir"]).resolve())
+    ckpt = resolve_ckpt_path(c.get("ckpt_path"), checkpoint_dir)
+    if ckpt is not None:
+        check_resume_target(ckpt, model_cfg)
+        init_from = None  # a resume takes its weights from the checkpoint
+    else:
+        if model_init is not None and phase_init is not None:
+            raise TrainConfigError(
+                f"both model.init_from={model_init} and phase.init_from={phase_init} are set; "
+                "set the one you mean and the other to null."
+            )
+        init_from = check_init_from(
+            model_init if model_init is not None else phase_init, dataclasses.asdict(config)
+        )
+    check_optimizer(c["optimizer"], c.get("schedule"), max_steps)
+    micro_clip = resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"])
+    precision = str(c["trainer"].get("precision"))
+    if micro_clip is not None and precision.startswith("16"):
+        raise TrainConfigError(
+            f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
+            "loss-scaled gradients; use bf16-mixed or 32-true."
+        )
+    clipping = describe_clipping(micro_clip, c["optimizer"], c["trainer"].get("gradient_clip_val"))
+    steps_per_epoch = datamodule.num_train_rows // batch.rows_per_step
+    if steps_per_epoch < 1:
+        raise TrainConfigError(
+            f"the training set has {datamodule.num_train_samples} sequences in "
+            f"{datamodule.num_train_rows} rows, fewer than one global batch of "
+            f"{batch.rows_per_step} rows (phase.global_batch_size={batch.global_batch_size}); "
+            "use more data or a smaller global batch."
+        )
+    cap = c.get("steps_per_epoch")
+    if cap is not None:
+        steps_per_epoch = min(steps_per_epoch, cap)
+    every = c.get("val_every_n_steps")
+    if datamodule.num_eval_samples == 0:
+        every = None
+    acc = batch.accumulate_grad_batches
+    return TrainPlan(
+        batch=batch,
+        max_steps=max_steps,
+        steps_per_epoch=steps_per_epoch,
+        limit_train_batches=steps_per_epoch * acc,
+        val_every_n_steps=every,
+        val_check_interval=None if every is None else every * acc,
+        vocab_size=vocab_size,
+        init_from=init_from,
+        ckpt_path=ckpt,
+        checkpoint_dir=checkpoint_dir,
+        clipping=clipping,
+        clip_grad_per_micro_batch=micro_clip,
+        precision=precision,
+        data=datamodule.describe(),
+    )
+
+
+def _instantiate_all(nodes: DictConfig | None) -> list[Any]:
+    if not nodes:
+        return []
+    return [instantiate_node(node) for node in nodes.values() if node is not None]
+
+
+def build_task(prepared: Prepared) -> tuple[Any, str | None]:
+    """The task (``cfg.task``'s ``_target_``) with what the run derived, and a description of
+    the initial weights it loaded (``None`` for random init or a resume)."""
+    c, plan = prepared.c, prepared.plan
+    task = instantiate_node(prepared.cfg.task)(
+        model_config={**c["model"]["config"], "vocab_size": plan.vocab_size},
+        optimizer=c["optimizer"],
+        schedule=c.get("schedule"),
+        total_steps=plan.max_steps,
+        init_from=plan.init_from,
+        vocab_file=prepared.datamodule.vocab_file,
+        clip_grad_per_micro_batch=plan.clip_grad_per_micro_batch,
+    )
+    loaded = task.load_initial_weights() if plan.ckpt_path is None else None
+    return task, loaded
+
+
+def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
+    """The task (:func:`build_task`), callbacks, loggers and the Trainer."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from omnibert.callbacks import AtomicCheckpointIO
+    from omnibert.run.profiling import profiler_for_run
+
+    cfg, c, plugin, plan = prepared.cfg, prepared.c, prepared.plugin, prepared.plan
+    for name in remove_stale_temporaries(plan.checkpoint_dir):
+        log.warning("removed %s, a checkpoint a killed process had not finished writing", name)
+    pl.seed_everything(c["seed"], workers=False, verbose=False)
+    task, loaded = build_task(prepared)
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    if not c["trainer"].get("enable_progress_bar", True):
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    loggers = _instantiate_all(cfg.get("logger"))
+    plugin.compile_model(task.model)
+    # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
+    # the loop counts (IPU: device-side accumulation) override the trainer config's
+    hardware = plugin.trainer_kwargs(plan.precision)
+    hardware_plugins = hardware.pop("plugins")
+    loop = plugin.loop_kwargs(
+        plan.batch.accumulate_grad_batches,
+        plan.limit_train_batches,
+        plan.val_check_interval,
+        plan.max_steps,
+    )
+    if loop["val_check_interval"] is None:
+        loop["val_check_interval"] = (loop["max_steps"] + 1) * loop["accumulate_grad_batches"]
+    if prepared.profile is not None:  # profile=true: torch.profiler traces in <output dir>
+        run_dir = output_dir if output_dir is not None else Path(c["paths"]["run_dir"])
+        hardware["profiler"] = profiler_for_run(prepared.profile, run_dir / "profile", plugin.name)
+    trainer = instantiate_node(
+        cfg.trainer,
+        **{**hardware, **loop},
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[*hardware_plugins, AtomicCheckpointIO()],
+    )
+    return Run(prepared, task, trainer, callbacks, loaded)
+
+
+def _finish_runs(trainer: Any) -> None:
+    """End the experiment-tracker runs this fit started (W&B: ``Run.finish``), so the next
+    run in this process (a sequential multirun, a test) starts its own instead of reusing
+    it; Lightning's ``finalize`` leaves them open."""
+    for logger in trainer.loggers:
+        experiment = getattr(logger, "_experiment", None)
+        if experiment is not None and callable(getattr(experiment, "finish", None)):
+            experiment.finish()
+
+
+def fit(run: Run) -> dict[str, Any]:
+    """Train, validate on the whole eval set at the end, return the summary."""
+    from omnibert.callbacks import PretrainingThroughput
+
+    prepared, task, trainer = run.prepared, run.task, run.trainer
+    plan = prepared.plan
+    start = time.perf_counter()
+    try:
+        trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+        seconds = time.perf_counter() - start
+        last = task.last_validation
+        if plan.data.get("eval_samples") and (last is None or last["step"] != trainer.global_step):
+            trainer.validate(task, datamodule=prepared.datamodule, verbose=False)
+    finally:
+        _finish_runs(trainer)
+    throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
+    last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
+    return {
+        "run_name": prepared.c["run_name"],
+        "steps": trainer.global_step,
+        "fit_seconds": round(seconds, 3),
+        "validation": task.last_validation,
+        "throughput": throughput.summary() if throughput is not None else {},
+        "checkpoint_dir": plan.checkpoint_dir,
+        "last_checkpoint": str(last_ckpt) if last_ckpt.is_file() else None,
+        "plan": plan.to_dict(),
+    }
