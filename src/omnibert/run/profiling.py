@@ -3,7 +3,7 @@
 The profiler is Lightning's own :class:`~lightning.pytorch.profilers.PyTorchProfiler` (a
 ``torch.profiler.profile`` driven by Lightning's hooks): every training step is one profiler
 step, and the ``torch.profiler.schedule`` ``wait``/``warmup``/``active`` (``repeat`` cycles,
-after ``skip_first``) decides which are recorded. Each finished cycle is written by
+after ``skip_first``) decides which are recorded; validation steps never move it. Each finished cycle is written by
 ``torch.profiler.tensorboard_trace_handler`` as ``<dir>/<name>.<time>.pt.trace.json``: a
 Chrome trace (``chrome://tracing``, https://ui.perfetto.dev) that TensorBoard's profiler
 plugin also reads (``tensorboard --logdir <dir>``); the operator table goes to
@@ -126,17 +126,30 @@ def profiler_activities(accelerator: str) -> list[Any]:
 
 
 def build_profiler(settings: ProfileSettings, dirpath: Path, accelerator: str) -> Any:
-    """Lightning's ``PyTorchProfiler`` writing Chrome/TensorBoard traces into ``dirpath``."""
+    """Lightning's ``PyTorchProfiler`` writing Chrome/TensorBoard traces into ``dirpath``,
+    its schedule counting training steps only.
+
+    Lightning's profiler also steps its schedule on validation steps, each stage with its own
+    count, so a validation during training restarted the cycle: the operator table
+    (``fit-profile.txt``) then held the events of a later, partial cycle instead of the
+    recorded training steps, and a validation trace appeared. Validation that falls inside
+    the recorded window stays in the trace. The table lists every operator (Lightning cuts it
+    at the 20 slowest, so which operators appeared depended on the machine's load).
+    """
     import torch
     from lightning.pytorch.profilers import PyTorchProfiler
 
+    class TrainingStepProfiler(PyTorchProfiler):
+        STEP_FUNCTIONS = {"training_step"}  # noqa: RUF012 (Lightning's class attribute)
+
     dirpath.mkdir(parents=True, exist_ok=True)
-    return PyTorchProfiler(
+    return TrainingStepProfiler(
         dirpath=str(dirpath),
         filename="profile",
         export_to_chrome=True,
         schedule=torch.profiler.schedule(**settings.schedule_kwargs()),
         activities=profiler_activities(accelerator),
+        row_limit=-1,
         record_shapes=settings.record_shapes,
         profile_memory=settings.profile_memory,
         with_stack=settings.with_stack,
