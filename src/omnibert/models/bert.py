@@ -2,7 +2,7 @@
 
 Module and parameter names equal ``transformers.BertForPreTraining``'s, so its state dict loads
 key for key (our embedding and decoder hold ``padded_vocab_size`` rows). The forward pass takes
-the static-shape batch of the data contract (see ``docs``/DESIGN.md) and returns the loss:
+the static-shape batch of the data contract (docs/design.md, ``BATCH_KEYS``) and returns the loss:
 
 * attention is block-diagonal over ``sequence_ids``: query i sees key j iff both carry the same
   id, so packed sequences never see each other and real tokens never see padding (padding sees
@@ -52,7 +52,7 @@ def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
     return tensor
 
 
-#: the static-shape batch ``BertForPreTraining.forward`` takes (DESIGN: batch contract), in
+#: the static-shape batch ``BertForPreTraining.forward`` takes (docs/design.md: the batch contract), in
 #: the order tuple-only runtimes (poptorch) pass it: [B,S] row tensors, [B,P] masked-LM
 #: slots, [B,K] next-sentence slots
 BATCH_KEYS = (

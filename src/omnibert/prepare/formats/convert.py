@@ -131,7 +131,7 @@ def _write_metadata(
     import datasets
 
     from omnibert.data.schema import FORMAT_NAME, FORMAT_VERSION, METADATA_FILE
-    from omnibert.prepare.pipeline import RowStats
+    from omnibert.prepare.metadata import RowStats
     from omnibert.prepare.shards import write_json_atomic
     from omnibert.tokenization.vocab import sha256_file
 
