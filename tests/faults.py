@@ -18,18 +18,21 @@ class KillAtStep(pl.Callback):
     of the next training batch (or the end of training when ``step`` is the last step). The
     kill is ``SIGKILL``: no ``finally`` blocks, no logger flush, no teardown, as a crash or a
     pre-empted node. Choose ``step`` as a multiple of the checkpoint interval. A run resumed
-    past ``step`` never fires.
+    past ``step`` never fires. With ``run`` it fires only in a run whose checkpoint directory
+    contains that text (one phase of a multi-phase run).
     """
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, run: str | None = None) -> None:
         super().__init__()
         if step < 1:
             raise ValueError(f"KillAtStep step must be >= 1, got {step}.")
         self.step = step
+        self.run = run
         self._armed = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._armed = trainer.global_step < self.step
+        where = str(getattr(trainer.checkpoint_callback, "dirpath", ""))
+        self._armed = trainer.global_step < self.step and (self.run is None or self.run in where)
 
     def _maybe_kill(self, trainer: pl.Trainer) -> None:
         if self._armed and trainer.global_step >= self.step:

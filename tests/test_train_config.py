@@ -130,6 +130,22 @@ def test_every_option_composes_and_runs_a_step(files, tmp_path, capsys, monkeypa
         data = _data_overrides(option, files)
     elif (group, option) == ("experiment", "demo"):  # the demo's data, made small
         data = _data_overrides("arrow", files)[1:]
+    elif option in ("two_phase", "demo_two_phase"):  # each phase on the test's shards, small
+        data = _data_overrides("arrow", files)[3:]
+        for name in ("phase1", "phase2"):
+            data += [
+                f"phases.{name}.data.train_path={files['root']}/train",
+                f"phases.{name}.data.eval_path={files['root']}/eval",
+            ]
+            data += [
+                f"phases.{name}.phase.{k}={v}"
+                for k, v in (
+                    ("max_seq_length", 32),
+                    ("max_predictions_per_seq", 5),
+                    ("global_batch_size", 8),
+                    ("max_steps", 2),
+                )
+            ]
     else:
         data = [] if (group, option) == ("experiment", "smoke") else list(GENERATED)
     overrides = [f"paths.output_root={tmp_path}", f"{group}={option}", *data, *TINY]
@@ -147,6 +163,11 @@ def test_every_option_composes_and_runs_a_step(files, tmp_path, capsys, monkeypa
         assert not (tmp_path / "out" / "plan.json").exists()
         return
     summary = run_or_exit(cfg, tmp_path / "out")
+    if "phases" in summary:  # a multi-phase experiment: every phase ran and validated
+        steps = {"phase1": 4 if option == "smoke_two_phase" else 2, "phase2": 2}
+        assert {n: s["steps"] for n, s in summary["phases"].items()} == steps
+        assert all(s["validation"]["val/mlm_count"] > 0 for s in summary["phases"].values())
+        return
     # fast_dev_run: Lightning's dry run of 2 micro-batches = 1 step of 2, no checkpoint
     assert summary["steps"] == (1 if option == "fast_dev_run" else 2)
     if option != "fast_dev_run":

@@ -127,6 +127,8 @@ class PretrainConfig:
     compile_only: bool = False
     # false | true | a mapping of omnibert.run.profiling.ProfileSettings fields
     profile: Any = False
+    # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}} (run/phases.py)
+    phases: Optional[dict[str, Any]] = None  # noqa: UP045
 
 
 _REGISTERED = False

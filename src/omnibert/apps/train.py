@@ -24,7 +24,21 @@ register()
 
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
-    """Train as configured; returns the summary (also written to ``output_dir``)."""
+    """Train as configured (one phase, or each of ``phases`` in turn: see
+    :mod:`omnibert.run.phases`); returns the summary (also written to ``output_dir``)."""
+    if cfg.get("phases"):
+        from omnibert.run.phases import run_phases
+
+        summary = run_phases(cfg, output_dir, run_phase)
+        if output_dir is not None:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            _write_json(output_dir / "summary.json", summary)
+        return summary
+    return run_phase(cfg, output_dir)
+
+
+def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """One training run (one phase)."""
     from omnibert.accelerators.environment import format_report
     from omnibert.run.training import build, fit, prepare
 

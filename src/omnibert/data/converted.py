@@ -136,7 +136,6 @@ class ConvertedSource(ArrowSource):
             raise DataConfigError(f"{key} is not set; set {key} to {self.expects()}.")
         if not glob.has_magic(path) and not Path(path).exists():
             raise DataConfigError(f"{key}={path} does not exist; fix {key}.")
-        self._spec = spec
         files = resolve_files(key, path, self.format)
         rows: int | None = 0
         for file in files:
@@ -148,7 +147,11 @@ class ConvertedSource(ArrowSource):
                 seq, preds, count = layout
                 settings = {"max_seq_length": seq, "max_predictions_per_seq": preds}
                 check_widths(key, file, settings, spec)
+                self.found_shape = self.found_shape or (seq, preds)
                 rows = None if rows is None or count is None else rows + count
+        if self.found_shape is not None:  # the widths the conversion pads to
+            spec = RowSpec(*self.found_shape, seed=spec.seed)
+        self._spec = spec
         cache = self._cache_path(files, spec)
         split = Split(key, path, arrow_dir=str(cache), rows=rows, files=tuple(files))
         if (cache / CACHE_FILE).is_file():
@@ -157,7 +160,7 @@ class ConvertedSource(ArrowSource):
 
     @property
     def num_train_known(self) -> bool:
-        return self.splits["train"].rows is not None
+        return "train" in self.splits and self.splits["train"].rows is not None
 
     def _cache_path(self, files: list[str], spec: RowSpec) -> Path:
         identity = {
@@ -190,7 +193,7 @@ class ConvertedSource(ArrowSource):
                 if not (Path(split.arrow_dir) / CACHE_FILE).is_file():
                     self._convert(split)
             self._adopt(split)
-        if "eval" in self.splits and self.splits["eval"].metadata is not None:
+        if "train" in self.splits and "eval" in self.splits:
             compare_splits(self.splits["train"], self.splits["eval"])
         self.check_eval_samples()
 

@@ -95,13 +95,14 @@ class PretrainingDataModule(pl.LightningDataModule):
         source: the row source's class (or a ``_partial_`` of it), called with
             ``source_options`` (the data config's remaining keys).
         max_seq_length / max_predictions_per_seq: the run's row shape (``phase.*``); checked
-            against the data.
+            against the data; ``None``: the data's own (evaluating a checkpoint).
         micro_batch_size / eval_micro_batch_size: per device (the app derives them).
         num_workers: loader worker processes per device (0: load in this process).
         seed: the per-epoch shuffle (and generated rows) derive from it.
         shuffle: shuffle the training rows every epoch.
         pin_memory: page-locked host memory for faster host-to-GPU copies.
         packing / pack: ``data.packing`` and ``data.pack.*`` (conf/data/pack/default.yaml).
+        evaluate_only: only the eval set is read (``omnibert-eval``); no training loader.
 
     Rank and world size come from the Trainer in :meth:`setup`; build the Trainer with
     ``use_distributed_sampler=False``.
@@ -111,8 +112,8 @@ class PretrainingDataModule(pl.LightningDataModule):
         self,
         *,
         source: Callable[..., RowSource],
-        max_seq_length: int,
-        max_predictions_per_seq: int,
+        max_seq_length: int | None,
+        max_predictions_per_seq: int | None,
         micro_batch_size: int,
         eval_micro_batch_size: int | None = None,
         num_workers: int = 2,
@@ -121,6 +122,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         pin_memory: bool = False,
         packing: str = "none",
         pack: dict[str, Any] | None = None,
+        evaluate_only: bool = False,
         **source_options: Any,
     ) -> None:
         super().__init__()
@@ -131,8 +133,8 @@ class PretrainingDataModule(pl.LightningDataModule):
                 f"the data config does not fit {getattr(source, '__name__', source)} ({err}); "
                 "remove the unknown data.* key or pick the data config that has it."
             ) from err
-        self.max_seq_length = max_seq_length
-        self.max_predictions_per_seq = max_predictions_per_seq
+        self._shape = (max_seq_length, max_predictions_per_seq)
+        self.evaluate_only = evaluate_only
         self.micro_batch_size = micro_batch_size
         self.eval_micro_batch_size = eval_micro_batch_size or micro_batch_size
         self.num_workers = num_workers
@@ -148,6 +150,27 @@ class PretrainingDataModule(pl.LightningDataModule):
     def format(self) -> str:
         return self.source.format
 
+    @property
+    def max_seq_length(self) -> int:
+        """Tokens per row: the run's, or the data's when the run left it open."""
+        return self._resolved_shape()[0]
+
+    @property
+    def max_predictions_per_seq(self) -> int:
+        """Masked positions per sequence: the run's, or the data's."""
+        return self._resolved_shape()[1]
+
+    def _resolved_shape(self) -> tuple[int, int]:
+        seq, preds = self._shape
+        if seq is None or preds is None:
+            found = self.source.found_shape
+            if found is None:
+                raise DataConfigError(
+                    "the row shape is unknown before the data is checked; call check() first."
+                )
+            seq, preds = seq or found[0], preds or found[1]
+        return seq, preds
+
     # ------------------------------------------------------------------ validation
     def check(self) -> None:
         """Validate the configuration against the data; raises :class:`DataConfigError`.
@@ -160,8 +183,10 @@ class PretrainingDataModule(pl.LightningDataModule):
             if value < low:
                 raise DataConfigError(f"{key}={value} must be at least {low}; fix {key}.")
         self.packing = PackingSettings.parse(*self._packing_config, DataConfigError)
-        spec = RowSpec(self.max_seq_length, self.max_predictions_per_seq, self.seed)
-        self.source.check(spec)
+        spec = RowSpec(*self._shape, self.seed)
+        self.source.check(spec, train=not self.evaluate_only)
+        if self.evaluate_only:
+            return
         if self.packing.mode == "offline":
             self.pack_index()  # refused by sources that have none
         if self.source.num_train_known:  # TFRecords are counted by their conversion
@@ -331,7 +356,8 @@ class PretrainingDataModule(pl.LightningDataModule):
             self.rank, self.world_size = int(trainer.global_rank), int(trainer.world_size)
         self.check()
         self.source.materialize()
-        self._check_rows()
+        if not self.evaluate_only:
+            self._check_rows()
 
     def train_dataloader(self) -> DataLoader[Any]:
         """The resumable, per-rank training loader (packed rows when ``data.packing`` is on:

@@ -195,8 +195,13 @@ class GeneratedSource(RowSource):
         self._spec: RowSpec | None = None
         self._lengths: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
-    def check(self, spec: RowSpec) -> None:
+    def check(self, spec: RowSpec, train: bool = True) -> None:
         """Validate the settings; raises :class:`DataConfigError` naming the key."""
+        if spec.max_seq_length is None or spec.max_predictions_per_seq is None:
+            raise DataConfigError(
+                "generated rows have no recorded shape; set phase.max_seq_length and "
+                "phase.max_predictions_per_seq."
+            )
         self._spec = spec
         self._histogram()
         for key, value, low in (
@@ -270,13 +275,14 @@ class GeneratedSource(RowSource):
 
     def rows(self, split: str = "train") -> GeneratedRows:
         """The synthetic dataset of ``split`` ("train" or "eval")."""
-        assert self._spec is not None, "check() first"
+        spec = self._spec
+        assert spec is not None and spec.max_seq_length and spec.max_predictions_per_seq, "check()"
         return GeneratedRows(
             self._num_train_samples if split == "train" else self._num_eval_samples,
             vocab_size=self._vocab_size,
-            max_seq_length=self._spec.max_seq_length,
-            max_predictions_per_seq=self._spec.max_predictions_per_seq,
-            seed=self._spec.seed,
+            max_seq_length=spec.max_seq_length,
+            max_predictions_per_seq=spec.max_predictions_per_seq,
+            seed=spec.seed,
             split=0 if split == "train" else 1,
             length_histogram=self._histogram(),
         )

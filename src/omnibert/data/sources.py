@@ -55,8 +55,8 @@ class RowSpec:
     (``phase.*``, checked against the data) and the run's data seed (generated rows are
     drawn from it)."""
 
-    max_seq_length: int
-    max_predictions_per_seq: int
+    max_seq_length: int | None  # None: the data's (evaluation of a checkpoint)
+    max_predictions_per_seq: int | None
     seed: int = 12345
 
 
@@ -69,8 +69,11 @@ class RowSource:
     """
 
     format = "base"
+    #: (max_seq_length, max_predictions_per_seq) the data was prepared with, once checked
+    found_shape: tuple[int, int] | None = None
 
-    def check(self, spec: RowSpec) -> None:
+    def check(self, spec: RowSpec, train: bool = True) -> None:
+        """Validate against ``spec``; ``train=False``: only the eval set is needed."""
         raise NotImplementedError
 
     def materialize(self) -> None:
@@ -159,7 +162,7 @@ def check_widths(key: str, path: str, settings: dict[str, Any], spec: RowSpec) -
     """The data's row width and masked positions must be the run's (``phase.*``)."""
     for name in ("max_seq_length", "max_predictions_per_seq"):
         have, want = settings.get(name), getattr(spec, name)
-        if have is not None and have != want:
+        if have is not None and want is not None and have != want:
             raise DataConfigError(
                 f"{key}={path} was prepared with {name}={have} but phase.{name} "
                 f"(data.{name}) is {want}; set phase.{name}={have} or use data prepared "
@@ -253,7 +256,7 @@ class ArrowSource(RowSource):
         self._lengths: tuple[Ints, Ints] | None = None
 
     # ------------------------------------------------------------------ checks
-    def check(self, spec: RowSpec) -> None:
+    def check(self, spec: RowSpec, train: bool = True) -> None:
         """Validate the paths and the data against ``spec`` (cheap to call again)."""
         if self.eval_samples is not None and self.eval_samples < 1:
             raise DataConfigError(
@@ -261,11 +264,14 @@ class ArrowSource(RowSource):
             )
         if self._vocab_file is not None and self._vocab is None:
             self._vocab = read_vocab(self._vocab_file)
-        if "train" not in self.splits:
+        if train and "train" not in self.splits:
             self.splits["train"] = self.inspect("data.train_path", self.train_path, spec)
+        if not train and self.eval_path is None:
+            raise DataConfigError(f"data.eval_path is not set; set it to {self.expects()}.")
         if self.eval_path is not None and "eval" not in self.splits:
             self.splits["eval"] = self.inspect("data.eval_path", self.eval_path, spec)
-            compare_splits(self.splits["train"], self.splits["eval"])
+            if "train" in self.splits:
+                compare_splits(self.splits["train"], self.splits["eval"])
         self.check_eval_samples()
 
     def inspect(self, key: str, path: str | None, spec: RowSpec) -> Split:
@@ -274,7 +280,10 @@ class ArrowSource(RowSource):
         if not Path(path).exists():
             raise DataConfigError(f"{key}={path} does not exist; fix {key}.")
         split = Split(key, path, arrow_dir=path, metadata=read_metadata(key, path))
-        check_widths(key, path, (split.metadata or {}).get("settings", {}), spec)
+        settings = (split.metadata or {}).get("settings", {})
+        check_widths(key, path, settings, spec)
+        if self.found_shape is None and "max_seq_length" in settings:
+            self.found_shape = (settings["max_seq_length"], settings["max_predictions_per_seq"])
         self.check_vocab(split)
         name = "train" if key.endswith("train_path") else "eval"
         self._datasets[name] = load_arrow(split)
@@ -333,7 +342,8 @@ class ArrowSource(RowSource):
         """From data.vocab_file when given, else from the train set's metadata.json."""
         if self._vocab is not None:
             return self._vocab[1]
-        size = ((self.splits["train"].metadata or {}).get("vocab") or {}).get("size")
+        split = self.splits.get("train") or self.splits["eval"]
+        size = ((split.metadata or {}).get("vocab") or {}).get("size")
         if not size:
             raise DataConfigError(
                 f"the vocab size of data.train_path={self.train_path} is unknown ({self.format} "

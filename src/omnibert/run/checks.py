@@ -12,9 +12,11 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
 from omnibert.errors import UserError
@@ -34,6 +36,36 @@ def instantiate_node(node: Any, **kwargs: Any) -> Any:
         if isinstance(cause, UserError):
             raise cause from None
         raise
+
+
+def resolve_config(cfg: DictConfig, example: str) -> dict[str, Any]:
+    """``cfg`` as plain containers with interpolations resolved; a missing key (``???``) or an
+    interpolation that does not resolve is one sentence (``example`` shows a full command)."""
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise TrainConfigError(f"{', '.join(missing)} must be set, {example}.")
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as err:
+        raise TrainConfigError(_interpolation_message(cfg, err)) from err
+    except OmegaConfBaseException as err:
+        raise TrainConfigError(f"the config does not resolve: {err}".splitlines()[0]) from err
+    assert isinstance(container, dict)
+    return cast(dict[str, Any], container)
+
+
+def _interpolation_message(cfg: DictConfig, err: InterpolationKeyError) -> str:
+    key = str(err.full_key or "")
+    text = str(err).splitlines()[0]
+    if key == "optimizer.lr" and "phase.lr." in text:
+        family = text.split("phase.lr.")[1].split("'")[0]
+        tuned = ", ".join(OmegaConf.select(cfg, "phase.lr", default={}) or {}) or "none"
+        return (
+            f"the optimizer takes its learning rate from phase.lr.{family}, which "
+            f"phase={OmegaConf.select(cfg, 'phase.name')} does not set (it has LRs for "
+            f"{tuned}); set optimizer.lr=<value> or +phase.lr.{family}=<value>."
+        )
+    return f"{key or 'the config'} does not resolve: {text}"
 
 
 def resolve_clipping(setting: Any, optimizer: Mapping[str, Any]) -> float | None:

@@ -15,10 +15,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+from omegaconf import DictConfig
 
 from omnibert.run.checks import (
     check_init_from,
@@ -29,6 +28,7 @@ from omnibert.run.checks import (
     remove_stale_temporaries,
     resolve_ckpt_path,
     resolve_clipping,
+    resolve_config,
     resolve_vocab_size,
 )
 from omnibert.run.plan import (
@@ -39,45 +39,21 @@ from omnibert.run.plan import (
     packed_batch_plan,
 )
 
-__all__ = ["Prepared", "Run", "build", "build_task", "fit", "prepare", "resolve"]
+__all__ = ["Prepared", "Run", "build", "build_task", "check_data", "fit", "prepare", "resolve"]
 
 log = logging.getLogger("omnibert.train")
 
 
-def resolve(cfg: DictConfig, app: str = "omnibert-train") -> dict[str, Any]:
-    """The config as plain containers, interpolations resolved, ranges checked; every
-    problem is one sentence naming the key."""
+def resolve(cfg: DictConfig) -> dict[str, Any]:
+    """The training config as plain containers, interpolations resolved, ranges checked;
+    every problem is one sentence naming the key."""
     from omnibert.apps.schema import validate
 
-    try:
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if missing:
-            raise TrainConfigError(
-                f"{', '.join(missing)} must be set, e.g. {app} data.train_path=<dir> "
-                "data.eval_path=<dir> (or experiment=demo)."
-            )
-        container = OmegaConf.to_container(cfg, resolve=True)
-    except InterpolationKeyError as err:
-        raise TrainConfigError(_interpolation_message(cfg, err)) from err
-    except OmegaConfBaseException as err:
-        raise TrainConfigError(f"the config does not resolve: {err}".splitlines()[0]) from err
+    c = resolve_config(
+        cfg, "e.g. omnibert-train data.train_path=<dir> data.eval_path=<dir> (or experiment=demo)"
+    )
     validate(cfg)
-    assert isinstance(container, dict)
-    return cast(dict[str, Any], container)
-
-
-def _interpolation_message(cfg: DictConfig, err: InterpolationKeyError) -> str:
-    key = str(err.full_key or "")
-    text = str(err).splitlines()[0]
-    if key == "optimizer.lr" and "phase.lr." in text:
-        family = text.split("phase.lr.")[1].split("'")[0]
-        tuned = ", ".join(OmegaConf.select(cfg, "phase.lr", default={}) or {}) or "none"
-        return (
-            f"the optimizer takes its learning rate from phase.lr.{family}, which "
-            f"phase={OmegaConf.select(cfg, 'phase.name')} does not set (it has LRs for "
-            f"{tuned}); set optimizer.lr=<value> or +phase.lr.{family}=<value>."
-        )
-    return f"{key or 'the config'} does not resolve: {text}"
+    return c
 
 
 @dataclass
@@ -123,6 +99,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
     plugin.check_precision(str(c["trainer"].get("precision")))
+    batch, datamodule = _batch_and_data(cfg, c)
+    plan = plan_run(c, datamodule, batch)
+    profile = check_profile(c)
+    return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
+
+
+def _batch_and_data(cfg: DictConfig, c: dict[str, Any]) -> tuple[BatchPlan, Any]:
+    """The batch plan and the data module, checked against the data (packing included)."""
     acc = c["accelerator"]
     batch = batch_plan(
         c["phase"]["global_batch_size"],
@@ -141,9 +125,14 @@ def prepare(cfg: DictConfig) -> Prepared:
         batch = packed_batch_plan(batch, datamodule.sequences_per_row, c.get("micro_batch_size"))
         datamodule.micro_batch_size = batch.micro_batch_size
         datamodule.check()
-    plan = plan_run(c, datamodule, batch)
-    profile = check_profile(c)
-    return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
+    return batch, datamodule
+
+
+def check_data(cfg: DictConfig) -> None:
+    """The config resolves and its data fits it (shapes, batch arithmetic): what a later
+    phase of a multi-phase run checks before the first one trains."""
+    c = resolve(cfg)
+    _batch_and_data(cfg, c)
 
 
 def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:

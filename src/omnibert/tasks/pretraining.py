@@ -113,7 +113,8 @@ class PretrainingTask(pl.LightningModule):
 
     Args:
         model_config: :class:`~omnibert.models.BertConfig` fields (``vocab_size`` resolved).
-        optimizer: a ``_partial_`` optimiser config, called with ``model.named_parameters()``.
+        optimizer: a ``_partial_`` optimiser config, called with ``model.named_parameters()``
+            (``None``: the task only evaluates, as in ``omnibert-eval``).
         schedule: a ``_partial_`` LR-scheduler config called with the optimiser and
             ``total_steps``, stepped every optimiser step; ``None`` keeps the LR constant.
         total_steps: the run's optimiser steps (``phase.max_steps``): the schedule's length
@@ -129,7 +130,7 @@ class PretrainingTask(pl.LightningModule):
     def __init__(
         self,
         model_config: Mapping[str, Any],
-        optimizer: Mapping[str, Any],
+        optimizer: Mapping[str, Any] | None = None,
         schedule: Mapping[str, Any] | None = None,
         total_steps: int | None = None,
         init_from: str | None = None,
@@ -267,6 +268,8 @@ class PretrainingTask(pl.LightningModule):
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
+        if self.hparams["optimizer"] is None:
+            raise RuntimeError("this PretrainingTask was built without an optimizer: it evaluates")
         optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
             self.model.named_parameters()
         )

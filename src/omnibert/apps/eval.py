@@ -1,0 +1,62 @@
+"""``omnibert-eval``: masked-LM / next-sentence accuracy of any checkpoint on a prepared eval
+set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.evaluation.evaluate`, then print and
+write the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.schema import register
+from omnibert.errors import exit_on
+
+register()
+
+
+def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """Evaluate as configured; the report is printed and written as JSON."""
+    from omnibert.run.evaluation import evaluate
+
+    report = evaluate(cfg, output_dir)
+    paths = [] if output_dir is None else [output_dir / "eval.json"]
+    if cfg.get("out"):
+        paths.append(Path(str(cfg.out)))
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}) on "
+        f"{report['samples']:,} samples, {report['masked_tokens']:,} masked tokens\n"
+        f"  masked-LM accuracy  {report['mlm_accuracy']:.5f}\n"
+        f"  next-sentence acc.  {report['nsp_accuracy']:.5f}\n"
+        f"  loss                {report['loss']:.5f} (masked-LM {report['mlm_loss']:.5f}, "
+        f"next-sentence {report['nsp_loss']:.5f})\n"
+        f"  report              {', '.join(str(p) for p in paths) or '(not written)'}",
+        flush=True,
+    )
+    return report
+
+
+def run_or_exit(cfg: DictConfig, output_dir: Path | None) -> dict[str, Any]:
+    with exit_on("omnibert-eval"):
+        return run(cfg, output_dir)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
+def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

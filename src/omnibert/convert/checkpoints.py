@@ -1,0 +1,98 @@
+"""Any pretrained BERT omnibert reads, as a :class:`~omnibert.models.BertForPreTraining`:
+an ``omnibert-train`` checkpoint (``.ckpt``), a Hugging Face directory (``config.json`` +
+``model.safetensors`` / ``pytorch_model.bin``) or a TensorFlow 1 checkpoint prefix (Google /
+MLPerf, ``<prefix>.index`` + data shards, with its ``bert_config.json``).
+
+``omnibert-eval`` and fine-tuning start from here, so the three kinds behave alike: the
+architecture comes from the checkpoint, the weights are checked against it, and anything
+that cannot be read is one sentence naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnibert.convert.hf import (
+    ConversionError,
+    init_from_hf,
+    model_from_pretraining_checkpoint,
+    read_hf_config,
+)
+from omnibert.models import BertConfig, BertForPreTraining
+
+__all__ = ["LoadedModel", "checkpoint_kind", "load_pretrained"]
+
+
+@dataclass
+class LoadedModel:
+    """A model with its weights and where they came from."""
+
+    model: BertForPreTraining
+    config: BertConfig
+    kind: str  # "omnibert", "huggingface" or "tf1"
+    description: str
+    vocab_file: str | None = None
+
+
+def checkpoint_kind(path: str | Path) -> str:
+    """``omnibert`` (a file), ``huggingface`` (a directory with config.json) or ``tf1`` (a
+    prefix whose ``.index`` exists); one sentence when it is none of them."""
+    path = Path(path)
+    if path.is_file() and path.suffix != ".index":
+        return "omnibert"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "huggingface"
+    prefix = path.with_suffix("") if path.suffix == ".index" else path
+    if Path(f"{prefix}.index").is_file():
+        return "tf1"
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.ckpt")) + sorted(
+            p.name[: -len(".index")] for p in path.glob("*.index")
+        )
+        hint = f" (it holds {', '.join(found[:3])})" if found else ""
+        raise ConversionError(
+            f"ckpt={path} is a directory without config.json{hint}; pass a .ckpt file, a "
+            "Hugging Face directory or a TF1 checkpoint prefix such as <dir>/model.ckpt-28252."
+        )
+    raise ConversionError(
+        f"ckpt={path} does not exist; pass an omnibert .ckpt, a Hugging Face directory or a "
+        "TF1 checkpoint prefix (<prefix>.index must exist)."
+    )
+
+
+def load_pretrained(path: str | Path, bert_config: str | Path | None = None) -> LoadedModel:
+    """The pretraining model (encoder and MLM/NSP heads) stored at ``path``.
+
+    ``bert_config`` is the Google-format ``bert_config.json`` of a TF1 checkpoint (default:
+    the one next to it). A checkpoint without the pretraining heads (a bare ``BertModel``) is
+    refused: its masked-LM and next-sentence outputs would be random.
+    """
+    kind = checkpoint_kind(path)
+    if kind == "omnibert":
+        model, hparams = model_from_pretraining_checkpoint(path)
+        return LoadedModel(
+            model, model.config, kind, f"omnibert checkpoint {path}", hparams.get("vocab_file")
+        )
+    if kind == "huggingface":
+        config = read_hf_config(path)
+        model = BertForPreTraining(config)
+        report = init_from_hf(model, path)
+        if report.fresh_heads:
+            raise ConversionError(
+                f"ckpt={path} has no {', '.join(report.fresh_heads)} weights (a bare BertModel), "
+                "so its masked-LM and next-sentence outputs would be random; pass a "
+                "BertForPreTraining checkpoint."
+            )
+        vocab = Path(path) / "vocab.txt"
+        return LoadedModel(
+            model, config, kind, report.summary(), str(vocab) if vocab.is_file() else None
+        )
+    return _load_tf1(Path(path), bert_config)
+
+
+def _load_tf1(path: Path, bert_config: str | Path | None) -> LoadedModel:
+    from omnibert.convert.tf1 import model_from_tf1
+
+    model = model_from_tf1(path, bert_config)
+    return LoadedModel(model, model.config, "tf1", f"TF1 checkpoint {path}")

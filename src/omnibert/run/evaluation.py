@@ -1,0 +1,103 @@
+"""The wiring of ``omnibert-eval``: a pretrained checkpoint of any kind on a prepared eval set.
+
+In this order, everything checked before compute: resolve the config → the accelerator
+plugin → the model (:func:`omnibert.convert.checkpoints.load_pretrained`: an omnibert
+``.ckpt``, a Hugging Face directory or a TF1 checkpoint) → the eval data (only the held-out
+set is read; its row shape is the data's own unless set) and its fit with the model (vocab,
+positions) → Lightning's ``validate`` with the pretraining task's metrics: masked-LM accuracy
+as the sum of correct predictions weighted by ``masked_lm_weights`` over the sum of weights
+(MLPerf's definition), next-sentence accuracy, the losses and the number of samples, summed
+over the whole set and every device (not a mean of batch means).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from omnibert.run.checks import instantiate_node, resolve_config
+from omnibert.run.plan import TrainConfigError
+
+__all__ = ["evaluate"]
+
+MODEL_FACTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """Evaluate ``cfg.ckpt`` on ``cfg.data``'s eval set; returns the report."""
+    import lightning.pytorch as pl
+
+    from omnibert.accelerators import build_plugin
+    from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.tasks.pretraining import PretrainingTask
+
+    c = resolve_config(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>")
+    size = c["eval_micro_batch_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise TrainConfigError(f"eval_micro_batch_size={size!r} must be a positive integer.")
+    plugin = build_plugin(cfg.accelerator)
+    plugin.check_precision(str(c["precision"]))
+    loaded = load_pretrained(c["ckpt"], c.get("bert_config"))
+    datamodule = instantiate_node(
+        cfg.data, micro_batch_size=size, eval_micro_batch_size=size, evaluate_only=True
+    )
+    datamodule.check()
+    config = loaded.config
+    _check_fit(config, datamodule)
+    task = PretrainingTask(model_config=config.to_dict(), vocab_file=loaded.vocab_file)
+    task.model = loaded.model  # the loaded weights; the task brings the metrics
+    pl.seed_everything(c["seed"], workers=False, verbose=False)
+    hardware = plugin.trainer_kwargs(str(c["precision"]))
+    trainer = pl.Trainer(
+        **hardware,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        default_root_dir=str(output_dir) if output_dir is not None else None,
+    )
+    start = time.perf_counter()
+    trainer.validate(task, datamodule=datamodule, verbose=False)
+    seconds = time.perf_counter() - start
+    val = task.last_validation or {}
+    return {
+        "checkpoint": str(c["ckpt"]),
+        "checkpoint_kind": loaded.kind,
+        "loaded": loaded.description,
+        "model": {k: getattr(config, k) for k in MODEL_FACTS},
+        "data": {
+            "format": datamodule.format,
+            "eval_path": c["data"].get("eval_path"),
+            "max_seq_length": datamodule.max_seq_length,
+            "max_predictions_per_seq": datamodule.max_predictions_per_seq,
+        },
+        "samples": int(val.get("val/nsp_count", 0)),
+        "masked_tokens": int(val.get("val/mlm_count", 0)),
+        "mlm_accuracy": val.get("val/mlm_acc"),
+        "nsp_accuracy": val.get("val/nsp_acc"),
+        "mlm_loss": val.get("val/mlm_loss"),
+        "nsp_loss": val.get("val/nsp_loss"),
+        "loss": val.get("val/loss"),
+        "precision": str(c["precision"]),
+        "seconds": round(seconds, 3),
+    }
+
+
+def _check_fit(config: Any, datamodule: Any) -> None:
+    """The model must cover the data's token ids and positions."""
+    data_vocab = datamodule.vocab_size
+    if data_vocab != config.vocab_size:
+        raise TrainConfigError(
+            f"the checkpoint's vocab has {config.vocab_size} tokens but the eval data was "
+            f"prepared with a {data_vocab}-token vocab; evaluate on data prepared with the "
+            "checkpoint's vocab.txt."
+        )
+    if datamodule.max_seq_length > config.max_position_embeddings:
+        raise TrainConfigError(
+            f"the eval rows have {datamodule.max_seq_length} tokens but the checkpoint has "
+            f"{config.max_position_embeddings} positions; use data prepared with a "
+            "max_seq_length it covers."
+        )

@@ -1,0 +1,122 @@
+"""Several phases in one command: phase 1, then phase 2 from phase 1's final weights.
+
+``phases`` (null for a single run) maps each phase's name, in order, to what it changes in
+the config: its ``phase`` node (composed from a ``conf/phase`` option, e.g.
+``/phase@phases.phase1.phase: phase1`` in ``conf/experiment/two_phase.yaml``), its ``data``
+keys (each phase has its own shards) and any other top-level key (e.g. ``micro_batch_size``).
+Each phase's config is derived from the composed one by merging its entry over it; the
+composed config itself is never modified.
+
+* Before anything trains, every phase's data is checked against that phase (row width and
+  masked positions: one sentence naming both values), so a wrong phase-2 set is found before
+  hours of phase 1.
+* Phase k > 1 starts from the final checkpoint of phase k - 1: its weights only, with a fresh
+  optimiser and schedule (``phase.init_from``, derived here and printed).
+* Re-running the same command resumes the phase that was interrupted (from its
+  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``).
+* Each phase keeps its own run directory (``run_name`` defaults to ``<model>-<phase>``) and
+  writes its plan and summary under ``<output dir>/<phase name>/``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from omnibert.errors import UserError
+from omnibert.run.plan import TrainConfigError
+
+__all__ = ["derive_phases", "phase_status", "run_phases"]
+
+RunOne = Callable[[DictConfig, Path | None], dict[str, Any]]
+
+
+def derive_phases(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """``(name, config)`` of every phase, in order: each entry of ``phases`` merged over the
+    composed config (without ``phases``)."""
+    entries = cfg.get("phases")
+    if not entries:
+        raise TrainConfigError("phases is empty; list at least one phase or set phases=null.")
+    if cfg.get("ckpt_path") is not None:
+        raise TrainConfigError(
+            "ckpt_path is set, but a run of several phases resumes each phase by itself; "
+            "drop ckpt_path and re-run the same command."
+        )
+    base = copy.deepcopy(cfg)  # the composed config itself stays as it is
+    base.phases = None
+    derived = []
+    for name, entry in entries.items():
+        if not OmegaConf.is_dict(entry) or "phase" not in entry:
+            raise TrainConfigError(
+                f"phases.{name} must be a mapping with a phase node (e.g. from "
+                f"/phase@phases.{name}.phase: phase1) and the keys this phase changes."
+            )
+        merged = OmegaConf.merge(base, entry)
+        assert isinstance(merged, DictConfig)
+        derived.append((str(name), merged))
+    dirs = [str(OmegaConf.select(c, "paths.checkpoint_dir")) for _, c in derived]
+    if len(set(dirs)) != len(dirs):
+        raise TrainConfigError(
+            f"the phases would share the checkpoint directory {dirs[0]}; leave run_name at its "
+            "default (<model>-<phase>) or make it depend on ${phase.name}."
+        )
+    return derived
+
+
+def phase_status(checkpoint_dir: str | Path, max_steps: int) -> tuple[str, Path]:
+    """``("fresh" | "resume" | "done", last.ckpt)`` of a phase from its checkpoint directory."""
+    last = Path(checkpoint_dir) / "last.ckpt"
+    if not last.is_file():
+        return "fresh", last
+    try:
+        saved = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+        step = int(saved["global_step"])
+    except Exception as err:
+        raise TrainConfigError(
+            f"{last} cannot be read ({type(err).__name__}); move it away to restart that phase."
+        ) from err
+    return ("done" if step >= max_steps else "resume"), last
+
+
+def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dict[str, Any]:
+    """Run the phases in order with ``run_one(config, output_dir)`` (the single-run app)."""
+    from omnibert.run.training import check_data
+
+    phases = derive_phases(cfg)
+    for name, phase_cfg in phases[1:]:  # later phases' data before anything trains (the
+        try:  # first phase's is checked as it starts)
+            check_data(phase_cfg)
+        except UserError as err:
+            raise TrainConfigError(f"phases.{name}: {err}") from err
+    summaries: dict[str, Any] = {}
+    previous: Path | None = None
+    for index, (name, phase_cfg) in enumerate(phases):
+        out = None if output_dir is None else output_dir / name
+        status, last = phase_status(
+            OmegaConf.select(phase_cfg, "paths.checkpoint_dir"),
+            int(OmegaConf.select(phase_cfg, "phase.max_steps")),
+        )
+        changes: dict[str, Any] = {}
+        if index > 0:
+            assert previous is not None
+            changes["phase"] = {"init_from": str(previous)}
+            changes["model"] = {"init_from": None}
+        if status == "resume":
+            changes["ckpt_path"] = str(last)
+        if status == "done":
+            print(f"omnibert-train: {name} finished earlier ({last}); skipped", flush=True)
+            summaries[name] = {"skipped": True, "last_checkpoint": str(last)}
+        else:
+            note = f"resuming from {last}" if status == "resume" else "starting"
+            took = f", weights from {previous} (fresh optimiser)" if index else ""
+            print(f"omnibert-train: {name}: {note}{took}", flush=True)
+            merged = OmegaConf.merge(phase_cfg, changes)
+            assert isinstance(merged, DictConfig)
+            summaries[name] = run_one(merged, out)
+        previous = last.resolve()
+    return {"phases": summaries}
