@@ -101,6 +101,40 @@ class PackNode:
 
 
 @dataclass
+class SubmissionNode:
+    """The ``submission_*`` keys of an MLPerf compliance log."""
+
+    benchmark: str = "bert"
+    division: str = "closed"
+    org: str = "omnibert"
+    platform: str = MISSING
+    status: str = "onprem"
+
+
+@dataclass
+class MLPerfNode:
+    """``mlperf`` (conf/mlperf/bert.yaml documents each key)."""
+
+    target_accuracy: float = 0.720
+    eval_every_samples: Optional[int] = None  # noqa: UP045
+    max_samples: Optional[int] = None  # noqa: UP045
+    log_file: str = "mlperf.log"
+    submission: SubmissionNode = field(default_factory=SubmissionNode)
+
+    def check(self) -> None:
+        if not 0.0 < self.target_accuracy <= 1.0:
+            raise ConfigError(
+                f"mlperf.target_accuracy={self.target_accuracy} must lie in (0, 1]; fix it."
+            )
+        _positive("mlperf.eval_every_samples", self.eval_every_samples)
+        _positive("mlperf.max_samples", self.max_samples)
+        if self.submission.division not in ("closed", "open"):
+            raise ConfigError(
+                f"mlperf.submission.division={self.submission.division!r} must be closed or open."
+            )
+
+
+@dataclass
 class PretrainConfig:
     """The root of ``conf/pretrain.yaml``."""
 
@@ -129,6 +163,8 @@ class PretrainConfig:
     profile: Any = False
     # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}} (run/phases.py)
     phases: Optional[dict[str, Any]] = None  # noqa: UP045
+    # MLPerf mode (phase=mlperf); null: off
+    mlperf: Optional[MLPerfNode] = None  # noqa: UP045
 
 
 _REGISTERED = False
@@ -154,6 +190,10 @@ def validate(cfg: DictConfig) -> None:
         phase = OmegaConf.to_object(cfg.phase)
         assert isinstance(phase, PhaseConfig)
         phase.check()
+    if cfg.get("mlperf") is not None:
+        mlperf = OmegaConf.to_object(cfg.mlperf)
+        assert isinstance(mlperf, MLPerfNode)
+        mlperf.check()
     for key in ("micro_batch_size", "eval_micro_batch_size", "val_every_n_steps"):
         _positive(key, cfg.get(key))
     _positive("steps_per_epoch", cfg.get("steps_per_epoch"))

@@ -191,6 +191,12 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
     every = c.get("val_every_n_steps")
     if datamodule.num_eval_samples == 0:
         every = None
+    if c.get("mlperf") is not None:
+        if datamodule.num_eval_samples == 0:
+            raise TrainConfigError(
+                "MLPerf mode (phase=mlperf) evaluates on the eval set; set data.eval_path."
+            )
+        every = None  # MLPerf evaluates at its own cadence (callbacks/mlperf.py)
     acc = batch.accumulate_grad_batches
     return TrainPlan(
         batch=batch,
@@ -233,6 +239,31 @@ def build_task(prepared: Prepared) -> tuple[Any, str | None]:
     return task, loaded
 
 
+def _mlperf_callback(prepared: Prepared, output_dir: Path | None) -> Any:
+    """MLPerf mode's cadence, stop-at-target and compliance log, or None when it is off."""
+    node = prepared.c.get("mlperf")
+    if node is None:
+        return None
+    from omnibert.callbacks.mlperf import (
+        MLPerfCompliance,
+        eval_interval_samples,
+        mlperf_hyperparameters,
+    )
+
+    plan = prepared.plan
+    where = output_dir if output_dir is not None else Path(prepared.c["paths"]["run_dir"])
+    every = node["eval_every_samples"] or eval_interval_samples(plan.batch.global_batch_size)
+    return MLPerfCompliance(
+        where / node["log_file"],
+        target_accuracy=node["target_accuracy"],
+        eval_every_samples=every,
+        max_samples=node["max_samples"],
+        submission=node["submission"],
+        hyperparameters=mlperf_hyperparameters(prepared.c, plan.batch.accumulate_grad_batches),
+        eval_samples=prepared.datamodule.num_eval_samples,
+    )
+
+
 def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     """The task (:func:`build_task`), callbacks, loggers and the Trainer."""
     import lightning.pytorch as pl
@@ -245,8 +276,9 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     for name in remove_stale_temporaries(plan.checkpoint_dir):
         log.warning("removed %s, a checkpoint a killed process had not finished writing", name)
     pl.seed_everything(c["seed"], workers=False, verbose=False)
+    mlperf = _mlperf_callback(prepared, output_dir)  # logs init_start before the model
     task, loaded = build_task(prepared)
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+    callbacks = _instantiate_all(cfg.get("callbacks")) + ([mlperf] if mlperf else [])
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     loggers = _instantiate_all(cfg.get("logger"))
@@ -289,6 +321,7 @@ def _finish_runs(trainer: Any) -> None:
 def fit(run: Run) -> dict[str, Any]:
     """Train, validate on the whole eval set at the end, return the summary."""
     from omnibert.callbacks import PretrainingThroughput
+    from omnibert.callbacks.mlperf import MLPerfCompliance
 
     prepared, task, trainer = run.prepared, run.task, run.trainer
     plan = prepared.plan
@@ -302,6 +335,7 @@ def fit(run: Run) -> dict[str, Any]:
     finally:
         _finish_runs(trainer)
     throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
+    mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
     last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
     return {
         "run_name": prepared.c["run_name"],
@@ -309,6 +343,7 @@ def fit(run: Run) -> dict[str, Any]:
         "fit_seconds": round(seconds, 3),
         "validation": task.last_validation,
         "throughput": throughput.summary() if throughput is not None else {},
+        **({"mlperf": mlperf.summary()} if mlperf is not None else {}),
         "checkpoint_dir": plan.checkpoint_dir,
         "last_checkpoint": str(last_ckpt) if last_ckpt.is_file() else None,
         "plan": plan.to_dict(),

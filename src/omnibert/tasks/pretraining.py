@@ -245,13 +245,16 @@ class PretrainingTask(pl.LightningModule):
         self._val_sum("mlm_loss").update((out["mlm_loss"] * out["mlm_count"]).detach().float())
         self._val_sum("nsp_loss").update((out["nsp_loss"] * out["nsp_count"]).detach().float())
 
-    def on_validation_epoch_end(self) -> None:
+    def validation_metrics(self) -> dict[str, Tensor]:
+        """The metrics of everything :meth:`validation_step` saw since the last call, summed
+        over every rank (masked-LM accuracy = weighted correct / weights, MLPerf's), and a
+        reset of the sums."""
         sums = {k: self._val_sum(k).compute() for k in VAL_SUMS}  # synced over ranks
         for key in VAL_SUMS:
             self._val_sum(key).reset()
         mlm_loss = sums["mlm_loss"] / sums["mlm_count"]
         nsp_loss = sums["nsp_loss"] / sums["nsp_count"]
-        metrics = {
+        return {
             "val/mlm_acc": sums["mlm_correct"] / sums["mlm_count"],
             "val/nsp_acc": sums["nsp_correct"] / sums["nsp_count"],
             "val/mlm_loss": mlm_loss,
@@ -260,11 +263,13 @@ class PretrainingTask(pl.LightningModule):
             "val/mlm_count": sums["mlm_count"],
             "val/nsp_count": sums["nsp_count"],
         }
-        self.log("val/mlm_acc", metrics.pop("val/mlm_acc"), prog_bar=True)
-        self.log_dict(metrics)
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = self.validation_metrics()
         self.last_validation = {"step": float(self.global_step)}
         self.last_validation |= {k: float(v) for k, v in metrics.items()}
-        self.last_validation["val/mlm_acc"] = float(sums["mlm_correct"] / sums["mlm_count"])
+        self.log("val/mlm_acc", metrics.pop("val/mlm_acc"), prog_bar=True)
+        self.log_dict(metrics)
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self) -> Any:
