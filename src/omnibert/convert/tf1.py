@@ -276,9 +276,9 @@ def load_tf1_into(model: BertForPreTraining, prefix: str | Path) -> str:
     vocab = config.vocab_size
     padding = f", padded to {config.padded_vocab_size}" if config.padded_vocab_size > vocab else ""
     return (
-        f"loaded {len(wanted)} tensors of BERT L{config.num_hidden_layers}-H{config.hidden_size} "
-        f"(vocab {vocab}{padding}) from TensorFlow checkpoint {prefix}; ignored {len(ignored)} "
-        "optimiser/step variable(s)"
+        f"TensorFlow checkpoint {prefix}: {len(wanted)} tensors of BERT "
+        f"L{config.num_hidden_layers}-H{config.hidden_size} (vocab {vocab}{padding}) loaded, "
+        f"{len(ignored)} optimiser/step variable(s) ignored"
     )
 
 
