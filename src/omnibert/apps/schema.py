@@ -82,10 +82,12 @@ BertConfigNode = _model_config_schema()
 
 @dataclass
 class ModelNode:
-    """``model``: a name for run directories, optional initial weights, the architecture."""
+    """``model``: a name for run directories, optional initial weights (and the
+    ``bert_config.json`` of a TensorFlow 1 ``init_from``), the architecture."""
 
     name: str = MISSING
     init_from: Optional[str] = None  # noqa: UP045
+    bert_config: Optional[str] = None  # noqa: UP045
     config: Any = field(default_factory=BertConfigNode)
 
 

@@ -1,4 +1,6 @@
-"""Checkpoint conversion: Hugging Face BERT import/export, omnibert Lightning checkpoints."""
+"""Checkpoint conversion: Hugging Face BERT import/export, omnibert Lightning checkpoints, and
+Google / MLPerf TensorFlow 1 checkpoints read without TensorFlow (:mod:`~omnibert.convert.tf1`,
+:mod:`~omnibert.convert.tf1_bundle`)."""
 
 from omnibert.convert.hf import (
     ConversionError,
@@ -9,13 +11,35 @@ from omnibert.convert.hf import (
     model_from_pretraining_checkpoint,
     read_hf_config,
 )
+from omnibert.convert.tf1 import (
+    check_tf1_checkpoint,
+    load_tf1_into,
+    model_from_tf1,
+    read_bert_config,
+    resolve_bert_config,
+)
+from omnibert.convert.tf1_bundle import (
+    TF1Checkpoint,
+    TF1CheckpointError,
+    is_tf1_checkpoint,
+    read_tf1_checkpoint,
+)
 
 __all__ = [
     "ConversionError",
     "ImportReport",
+    "TF1Checkpoint",
+    "TF1CheckpointError",
+    "check_tf1_checkpoint",
     "export_hf",
     "init_from_hf",
+    "is_tf1_checkpoint",
     "load_pretraining_checkpoint",
+    "load_tf1_into",
     "model_from_pretraining_checkpoint",
+    "model_from_tf1",
+    "read_bert_config",
     "read_hf_config",
+    "read_tf1_checkpoint",
+    "resolve_bert_config",
 ]

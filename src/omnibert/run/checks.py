@@ -214,21 +214,46 @@ def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> li
     ]
 
 
-def check_init_from(init_from: Any, model_config: Mapping[str, Any]) -> str | None:
-    """``init_from`` must exist and hold this architecture (a Hugging Face directory's
-    config.json, or a .ckpt's ``hyper_parameters['model_config']``, read lazily)."""
+def check_init_from(
+    init_from: Any, model_config: Mapping[str, Any], bert_config: Any = None
+) -> str | None:
+    """``init_from`` must exist and hold this architecture: a Hugging Face directory's
+    config.json, a .ckpt's ``hyper_parameters['model_config']`` (read lazily), or a TensorFlow 1
+    checkpoint prefix with its ``bert_config.json`` (``model.bert_config``, else the one next
+    to it), whose index is checked against the model (names, shapes, every shard present)."""
     if init_from is None:
+        if bert_config is not None:
+            raise TrainConfigError(
+                f"model.bert_config={bert_config} applies only to a TensorFlow 1 init_from and "
+                "none is set; set model.init_from=<checkpoint prefix> or model.bert_config=null."
+            )
         return None
     path = Path(str(init_from))
-    if not path.exists():
-        raise TrainConfigError(
-            f"init_from={init_from} does not exist; point model.init_from at a Hugging Face "
-            "BERT directory or phase.init_from at a .ckpt of the previous phase."
+    tf1 = tf1_bert_config(path, bert_config)
+    if tf1 is not None:
+        from omnibert.convert.tf1 import check_tf1_checkpoint, read_bert_config
+
+        pad = int(model_config.get("pad_vocab_size_multiple", 8))
+        theirs = read_bert_config(tf1, pad_vocab_size_multiple=pad)
+        saved = dataclasses.asdict(theirs)
+        where = f"init_from={path} (architecture from {tf1})"
+    elif not path.exists():
+        hint = _tf1_hint(path) or (
+            "point model.init_from at a Hugging Face BERT directory or a TensorFlow checkpoint "
+            "prefix, or phase.init_from at a .ckpt of the previous phase"
         )
-    if path.is_dir():
+        raise TrainConfigError(f"init_from={init_from} does not exist; {hint}.")
+    elif path.is_dir() and not (path / "config.json").is_file() and _tf1_hint(path):
+        raise TrainConfigError(
+            f"init_from={path} is a directory of TF checkpoints; {_tf1_hint(path)}."
+        )
+    elif path.is_dir():
         from omnibert.convert.hf import read_hf_config
 
         saved = dataclasses.asdict(read_hf_config(path))
+        where = f"init_from={path}"
+    elif _tf1_hint(path):
+        raise TrainConfigError(f"init_from={path} is a file of a TF checkpoint; {_tf1_hint(path)}.")
     else:
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -238,13 +263,42 @@ def check_init_from(init_from: Any, model_config: Mapping[str, Any]) -> str | No
                 f"init_from={path} is not a checkpoint written by omnibert-train "
                 f"({_root(err)}); pass the previous phase's .ckpt."
             ) from err
+        where = f"init_from={path}"
     diffs = architecture_diffs(saved, model_config)
     if diffs:
         raise TrainConfigError(
-            f"init_from={path} holds a different architecture: {', '.join(diffs)}; use the "
-            "same model config (or model.config.vocab_size of the same vocab)."
+            f"{where} holds a different architecture: {', '.join(diffs)}; use the same model "
+            "config (or model.config.vocab_size of the same vocab)."
         )
+    if tf1 is not None:
+        check_tf1_checkpoint(path, theirs)  # names, shapes and shards before any compute
     return str(path)
+
+
+def _tf1_hint(path: Path) -> str | None:
+    from omnibert.convert.tf1 import checkpoint_hint
+
+    return checkpoint_hint(path)
+
+
+def tf1_bert_config(init_from: Any, bert_config: Any) -> str | None:
+    """The ``bert_config.json`` of a TensorFlow 1 ``init_from`` (``model.bert_config``, else
+    the one next to the checkpoint); ``None`` when ``init_from`` is not a TF1 prefix, where
+    a ``model.bert_config`` is refused."""
+    if init_from is None:
+        return None
+    from omnibert.convert.tf1 import resolve_bert_config
+    from omnibert.convert.tf1_bundle import is_tf1_checkpoint
+
+    if not is_tf1_checkpoint(init_from):
+        if bert_config is not None:
+            raise TrainConfigError(
+                f"model.bert_config={bert_config} applies only to a TensorFlow 1 init_from and "
+                f"init_from={init_from} is not one (no {init_from}.index); set "
+                "model.bert_config=null or init_from to the TF checkpoint's prefix."
+            )
+        return None
+    return str(resolve_bert_config(init_from, bert_config, key="model.bert_config"))
 
 
 def remove_stale_temporaries(checkpoint_dir: str | os.PathLike[str]) -> list[str]:

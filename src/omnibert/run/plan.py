@@ -124,6 +124,7 @@ class TrainPlan:
     val_check_interval: int | None
     vocab_size: int
     init_from: str | None
+    init_bert_config: str | None  # the bert_config.json of a TensorFlow 1 init_from
     ckpt_path: str | None
     checkpoint_dir: str
     clipping: str
@@ -174,10 +175,17 @@ class TrainPlan:
             ("vocab size", f"{self.vocab_size}"),
             ("precision", self.precision),
             ("clipping", self.clipping),
-            ("init from", self.init_from or "random init"),
+            ("init from", self._init_description()),
             ("resume from", self.ckpt_path or "fresh run"),
             ("checkpoints", self.checkpoint_dir),
         ]
+
+    def _init_description(self) -> str:
+        if self.init_from is None:
+            return "random init"
+        if self.init_bert_config is None:
+            return self.init_from
+        return f"{self.init_from} (TensorFlow 1, {self.init_bert_config})"
 
     def table(self) -> str:
         width = max(len(k) for k, _ in self.rows())

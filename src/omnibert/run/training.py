@@ -30,6 +30,7 @@ from omnibert.run.checks import (
     resolve_clipping,
     resolve_config,
     resolve_vocab_size,
+    tf1_bert_config,
 )
 from omnibert.run.plan import (
     BatchPlan,
@@ -158,16 +159,20 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
     ckpt = resolve_ckpt_path(c.get("ckpt_path"), checkpoint_dir)
     if ckpt is not None:
         check_resume_target(ckpt, model_cfg)
-        init_from = None  # a resume takes its weights from the checkpoint
+        init_from = init_bert_config = None  # a resume takes its weights from the checkpoint
     else:
         if model_init is not None and phase_init is not None:
             raise TrainConfigError(
                 f"both model.init_from={model_init} and phase.init_from={phase_init} are set; "
                 "set the one you mean and the other to null."
             )
+        bert_config = c["model"].get("bert_config")
         init_from = check_init_from(
-            model_init if model_init is not None else phase_init, dataclasses.asdict(config)
+            model_init if model_init is not None else phase_init,
+            dataclasses.asdict(config),
+            bert_config,
         )
+        init_bert_config = tf1_bert_config(init_from, bert_config)
     check_optimizer(c["optimizer"], c.get("schedule"), max_steps)
     micro_clip = resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"])
     precision = str(c["trainer"].get("precision"))
@@ -207,6 +212,7 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
         val_check_interval=None if every is None else every * acc,
         vocab_size=vocab_size,
         init_from=init_from,
+        init_bert_config=init_bert_config,
         ckpt_path=ckpt,
         checkpoint_dir=checkpoint_dir,
         clipping=clipping,
@@ -232,6 +238,7 @@ def build_task(prepared: Prepared) -> tuple[Any, str | None]:
         schedule=c.get("schedule"),
         total_steps=plan.max_steps,
         init_from=plan.init_from,
+        init_bert_config=plan.init_bert_config,
         vocab_file=prepared.datamodule.vocab_file,
         clip_grad_per_micro_batch=plan.clip_grad_per_micro_batch,
     )

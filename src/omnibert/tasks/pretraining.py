@@ -120,8 +120,11 @@ class PretrainingTask(pl.LightningModule):
         total_steps: the run's optimiser steps (``phase.max_steps``): the schedule's length
             (``None``: the Trainer's ``max_steps``).
         init_from: initial weights for a fresh run, applied by :meth:`load_initial_weights`:
-            a Hugging Face BERT directory, or a Lightning ``.ckpt`` of an earlier phase
-            (weights only; the optimiser and schedule start fresh).
+            a Hugging Face BERT directory, a Lightning ``.ckpt`` of an earlier phase, or the
+            prefix of a Google / MLPerf TensorFlow 1 checkpoint (weights only; the optimiser
+            and schedule start fresh).
+        init_bert_config: the Google ``bert_config.json`` of a TensorFlow 1 ``init_from``
+            (``None``: the one next to the checkpoint).
         vocab_file: the vocab.txt the data was tokenised with (kept for exports).
         clip_grad_per_micro_batch: clip each micro-batch's gradient to this global norm
             before accumulation (MLPerf TF order, ``optimizer=lamb_mlperf``); ``None``: off.
@@ -136,6 +139,7 @@ class PretrainingTask(pl.LightningModule):
         init_from: str | None = None,
         vocab_file: str | None = None,
         clip_grad_per_micro_batch: float | None = None,
+        init_bert_config: str | None = None,
     ) -> None:
         super().__init__()
         config = BertConfig(**plain(model_config))
@@ -147,6 +151,7 @@ class PretrainingTask(pl.LightningModule):
             "init_from": None if init_from is None else str(init_from),
             "vocab_file": None if vocab_file is None else str(vocab_file),
             "clip_grad_per_micro_batch": clip_grad_per_micro_batch,
+            "init_bert_config": None if init_bert_config is None else str(init_bert_config),
         }
         self.save_hyperparameters(hparams)
         self.config = config
@@ -166,6 +171,15 @@ class PretrainingTask(pl.LightningModule):
         if source is None:
             return None
         path = Path(source)
+        from omnibert.convert.tf1_bundle import is_tf1_checkpoint
+
+        if is_tf1_checkpoint(path):
+            from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
+
+            bert_config = resolve_bert_config(path, self.hparams.get("init_bert_config"))
+            pad = self.config.pad_vocab_size_multiple
+            self._check_compatible(read_bert_config(bert_config, pad_vocab_size_multiple=pad), path)
+            return load_tf1_into(self.model, path)
         if path.is_dir():
             from omnibert.convert.hf import init_from_hf
 
@@ -185,8 +199,8 @@ class PretrainingTask(pl.LightningModule):
                 )
             return f"weights of {path} (fresh optimiser and schedule)"
         raise InitFromError(
-            f"init_from={source} does not exist; point it at a Hugging Face BERT directory or "
-            "a .ckpt written by omnibert-train."
+            f"init_from={source} does not exist; point it at a Hugging Face BERT directory, "
+            "a .ckpt written by omnibert-train or a TensorFlow checkpoint prefix."
         )
 
     def _check_compatible(self, other: BertConfig, path: Path) -> None:

@@ -39,7 +39,9 @@ __all__ = [
     "encode_example",
     "encode_examples",
     "encode_varints",
+    "message_fields",
     "parse_example_raw",
+    "read_varint",
 ]
 
 # Field numbers of the ``Feature.kind`` oneof; used as the "kind" of a decoded feature.
@@ -129,7 +131,9 @@ def _len_field(field: int, payload: bytes) -> bytes:
     return _varint((field << 3) | _LEN) + _varint(len(payload)) + payload
 
 
-def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """One base-128 varint of ``buf[pos:end]``: ``(value, position after it)`` (also used by
+    :mod:`omnibert.convert.tf1_bundle`)."""
     result = 0
     shift = 0
     while True:
@@ -145,26 +149,29 @@ def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
             raise ExampleDecodeError("a varint is longer than 10 bytes")
 
 
-def _fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
-    """Split a message into (field, wire_type, start, stop) spans; unknown fields are kept."""
+def message_fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
+    """Split a message into (field, wire_type, start, stop) spans; unknown fields are kept.
+
+    For a length-delimited field the span is its payload, for a varint the varint's bytes,
+    for fixed32/fixed64 the 4/8 little-endian bytes."""
     out = []
     while pos < end:
         key = buf[pos]
         if key < 0x80:
             pos += 1
         else:
-            key, pos = _read_varint(buf, pos, end)
+            key, pos = read_varint(buf, pos, end)
         field, wire = key >> 3, key & 7
         if wire == _LEN:
             length = buf[pos] if pos < end else 0x80
             if length < 0x80:
                 pos += 1
             else:
-                length, pos = _read_varint(buf, pos, end)
+                length, pos = read_varint(buf, pos, end)
             start, pos = pos, pos + length
         elif wire == _VARINT:
             start = pos
-            _, pos = _read_varint(buf, pos, end)
+            _, pos = read_varint(buf, pos, end)
         elif wire == _FIXED32:
             start, pos = pos, pos + 4
         elif wire == _FIXED64:
@@ -255,10 +262,12 @@ def encode_examples(columns: Mapping[str, npt.NDArray[Any]]) -> list[bytes]:
 
 def _parse_list(buf: bytes, start: int, stop: int, kind: int) -> RawFeature:
     if kind == BYTES_LIST:
-        return kind, [buf[a:b] for f, w, a, b in _fields(buf, start, stop) if f == 1 and w == _LEN]
+        return kind, [
+            buf[a:b] for f, w, a, b in message_fields(buf, start, stop) if f == 1 and w == _LEN
+        ]
     parts: list[bytes] = []
     scalar_wire = _VARINT if kind == INT64_LIST else _FIXED32
-    for field, wire, a, b in _fields(buf, start, stop):
+    for field, wire, a, b in message_fields(buf, start, stop):
         if field != 1:
             continue
         if wire not in (_LEN, scalar_wire):
@@ -274,13 +283,13 @@ def _parse_list(buf: bytes, start: int, stop: int, kind: int) -> RawFeature:
 
 def _read_length(buf: bytes, p: int, b: int) -> tuple[int, int]:
     """The length after the tag at ``p`` and where its payload starts (1- and 2-byte lengths
-    inline, longer ones through :func:`_read_varint`)."""
+    inline, longer ones through :func:`read_varint`)."""
     size = buf[p + 1] if p + 1 < b else 0x80
     if size < 0x80:
         return size, p + 2
     if p + 2 < b and buf[p + 2] < 0x80:  # two-byte lengths: lists of 128+ bytes
         return (size & 0x7F) | (buf[p + 2] << 7), p + 3
-    return _read_varint(buf, p + 1, b)
+    return read_varint(buf, p + 1, b)
 
 
 def _entry_fast(buf: bytes, a: int, b: int) -> tuple[str, RawFeature] | None:
@@ -328,10 +337,10 @@ def parse_example_raw(buf: bytes) -> dict[str, RawFeature]:
     """
     buf = bytes(buf)
     out: dict[str, RawFeature] = {}
-    for field, wire, a, b in _fields(buf, 0, len(buf)):
+    for field, wire, a, b in message_fields(buf, 0, len(buf)):
         if field != 1 or wire != _LEN:
             continue
-        for efield, ewire, ea, eb in _fields(buf, a, b):  # Features.feature map entries
+        for efield, ewire, ea, eb in message_fields(buf, a, b):  # Features.feature map entries
             if efield != 1 or ewire != _LEN:
                 continue
             fast = _entry_fast(buf, ea, eb)
@@ -340,14 +349,14 @@ def parse_example_raw(buf: bytes) -> dict[str, RawFeature]:
                 continue
             name = ""
             raw: RawFeature | None = None
-            for kfield, kwire, ka, kb in _fields(buf, ea, eb):
+            for kfield, kwire, ka, kb in message_fields(buf, ea, eb):
                 if kwire != _LEN:
                     continue
                 if kfield == 1:
                     name = buf[ka:kb].decode("utf-8")
                 elif kfield == 2:
                     raw = (INT64_LIST, b"")  # a Feature with no list set decodes as empty
-                    for ffield, fwire, fa, fb in _fields(buf, ka, kb):
+                    for ffield, fwire, fa, fb in message_fields(buf, ka, kb):
                         if fwire == _LEN and ffield in (BYTES_LIST, FLOAT_LIST, INT64_LIST):
                             raw = _parse_list(buf, fa, fb, ffield)  # last one wins (oneof)
             out[name] = raw if raw is not None else (INT64_LIST, b"")
