@@ -124,3 +124,28 @@ def test_a_checkpoint_of_another_vocab_is_refused(trained, tmp_path, capsys):
         "7 tokens but the eval data was prepared with a 30522-token vocab"
         in capsys.readouterr().err
     )
+
+
+TF1 = Path(__file__).parent / "fixtures" / "tf1"
+
+
+def test_a_tf1_checkpoint_scores_what_its_hugging_face_export_scores(tmp_path):
+    """The TF1 fixture (written by real TensorFlow) evaluated directly and after omnibert-export
+    gives the same report: the TF1 reader feeds omnibert-eval like any checkpoint."""
+    vocab = tmp_path / "vocab.txt"
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+    words += ["the", "of", "and", "in", "to", "a", "is", "was", "for", "on", "as", "with"]
+    vocab.write_text("\n".join(words + [f"w{i}" for i in range(100 - len(words))]) + "\n")
+    settings = InstanceSettings(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    prepare_shards([str(REFERENCE / "tiny_docs.txt")], vocab, tmp_path / "eval", settings,
+                   progress=False)  # fmt: skip
+    prefix = TF1 / "model.ckpt-7"
+    base = [f"data.eval_path={tmp_path / 'eval'}"]
+    direct = eval_app.run_or_exit(compose("eval", [*base, f"ckpt={prefix}"]), None)
+    assert direct["checkpoint_kind"] == "tf1" and direct["samples"] > 0
+    export_app.run(compose("export", [f"ckpt={prefix}", f"out={tmp_path / 'hf'}",
+                                      f"vocab_file={vocab}"]))  # fmt: skip
+    exported = eval_app.run_or_exit(compose("eval", [*base, f"ckpt={tmp_path / 'hf'}"]), None)
+    for key in ("mlm_accuracy", "nsp_accuracy", "samples", "masked_tokens"):
+        assert exported[key] == direct[key], key
+    assert exported["loss"] == pytest.approx(direct["loss"], rel=1e-5)

@@ -86,6 +86,16 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
             f"{speed['real_tokens_per_sec']:.0f} real tokens/s "
             f"({speed['padding_fraction']:.1%} padding)"
         )
+    mlperf = summary.get("mlperf")
+    if mlperf:
+        result = (
+            f"reached {mlperf['target_accuracy']} after {mlperf['samples_to_target']:,} samples "
+            f"in {mlperf['seconds_to_target']:.1f} s"
+            if mlperf["reached"]
+            else f"{mlperf['status']} after {mlperf['samples']:,} samples (target "
+            f"{mlperf['target_accuracy']} not reached)"
+        )
+        lines.append(f"  MLPerf        {result}; log {mlperf['log_file']}")
     lines.append(f"  checkpoints   {summary['checkpoint_dir']}")
     if output_dir is not None:
         lines.append(f"  summary       {output_dir / 'summary.json'}")

@@ -92,7 +92,11 @@ def load_pretrained(path: str | Path, bert_config: str | Path | None = None) -> 
 
 
 def _load_tf1(path: Path, bert_config: str | Path | None) -> LoadedModel:
-    from omnibert.convert.tf1 import model_from_tf1
+    from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
 
-    model = model_from_tf1(path, bert_config)
-    return LoadedModel(model, model.config, "tf1", f"TF1 checkpoint {path}")
+    prefix = path.with_suffix("") if path.suffix == ".index" else path
+    config = read_bert_config(resolve_bert_config(prefix, bert_config))
+    model = BertForPreTraining(config)
+    report = load_tf1_into(model, prefix)
+    vocab = prefix.parent / "vocab.txt"
+    return LoadedModel(model, config, "tf1", report, str(vocab) if vocab.is_file() else None)
