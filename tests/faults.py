@@ -50,3 +50,22 @@ class KillAtStep(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._maybe_kill(trainer)
+
+
+class SlowUntilResumed(pl.Callback):
+    """Sleep ``seconds`` after every training batch of a run that started fresh, none in a
+    resumed one: a job slow enough to meet its time limit the first time, quick once requeued."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self._fresh = True
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fresh = trainer.ckpt_path is None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self._fresh:
+            import time
+
+            time.sleep(self.seconds)

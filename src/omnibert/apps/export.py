@@ -13,11 +13,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.schema import register
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.errors import exit_on
 from omnibert.models import BertForPreTraining
+
+register()
 
 
 def _tf1_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:

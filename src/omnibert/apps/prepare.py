@@ -15,11 +15,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.schema import register
 from omnibert.data.pack_index import PackIndex, PackIndexError
 from omnibert.errors import exit_on
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pack_index import build_pack_index, check_pack_settings
 from omnibert.prepare.pipeline import PrepareError, expand_input_files, prepare
+
+register()
 
 log = logging.getLogger("omnibert.apps.prepare")
 

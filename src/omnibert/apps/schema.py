@@ -155,6 +155,8 @@ class PretrainConfig:
     seed: int = 12345
     micro_batch_size: Optional[int] = None  # noqa: UP045
     eval_micro_batch_size: Optional[int] = None  # noqa: UP045
+    # share of the device's memory a micro batch the app chooses may use (omnibert.run.memory)
+    memory_fraction: float = 0.8
     ckpt_path: Optional[str] = None  # noqa: UP045
     val_every_n_steps: Optional[int] = None  # noqa: UP045
     steps_per_epoch: Optional[int] = None  # noqa: UP045
@@ -173,12 +175,16 @@ _REGISTERED = False
 
 
 def register() -> None:
-    """Put the schemas in Hydra's ConfigStore (idempotent); call before composing."""
+    """Put the schemas in Hydra's ConfigStore and the config resolvers in OmegaConf
+    (idempotent); call before composing."""
     global _REGISTERED
     if _REGISTERED:
         return
     from hydra.core.config_store import ConfigStore
 
+    from omnibert.run.sweeps import register_resolvers
+
+    register_resolvers()
     store = ConfigStore.instance()
     store.store(name="pretrain_schema", node=PretrainConfig)
     store.store(group="schema", name="pack", node=PackNode)
@@ -199,3 +205,6 @@ def validate(cfg: DictConfig) -> None:
     for key in ("micro_batch_size", "eval_micro_batch_size", "val_every_n_steps"):
         _positive(key, cfg.get(key))
     _positive("steps_per_epoch", cfg.get("steps_per_epoch"))
+    fraction = cfg.get("memory_fraction", 0.8)
+    if not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"memory_fraction={fraction} must lie in (0, 1]; fix memory_fraction.")

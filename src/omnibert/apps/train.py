@@ -109,10 +109,23 @@ def run_or_exit(cfg: DictConfig, output_dir: Path | None) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="pretrain")
-def _hydra_main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> float | None:
+    """One run; returns the final held-out masked-LM accuracy (what a Hydra sweeper such as
+    Optuna, ``hydra/sweeper=optuna_mlm``, maximises), None without an eval set."""
     from hydra.core.hydra_config import HydraConfig
 
-    run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    summary = run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return final_mlm_accuracy(summary)
+
+
+def final_mlm_accuracy(summary: dict[str, Any]) -> float | None:
+    """The last phase's final ``val/mlm_acc`` of a run summary (None when not validated)."""
+    if "phases" in summary:
+        last = list(summary["phases"].values())[-1]
+        return final_mlm_accuracy(last) if "validation" in last else None
+    validation = summary.get("validation") or {}
+    value = validation.get("val/mlm_acc")
+    return None if value is None else float(value)
 
 
 def main() -> None:

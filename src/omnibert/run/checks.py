@@ -22,6 +22,9 @@ from omnibert.callbacks.checkpoint_io import stale_temporary_files
 from omnibert.errors import UserError
 from omnibert.run.plan import TrainConfigError
 
+#: written next to last.ckpt by a run stopped at its time limit (omnibert.callbacks.requeue)
+RESUME_FILE = "resume.json"
+
 
 def instantiate_node(node: Any, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate(node, **kwargs)``; a :class:`UserError` raised by the target
@@ -154,9 +157,13 @@ def resolve_vocab_size(model_config: Mapping[str, Any], data_vocab_size: int) ->
 
 
 def resolve_ckpt_path(ckpt_path: Any, checkpoint_dir: str | os.PathLike[str]) -> str | None:
-    """``null`` → fresh run (refused over an earlier run's checkpoints); ``last`` →
-    ``<checkpoint_dir>/last.ckpt``; otherwise an existing file."""
+    """``null`` → fresh run (refused over an earlier run's checkpoints), or the checkpoint a
+    run stopped at its time limit asked to be resumed from (``resume.json``, written by
+    :class:`~omnibert.callbacks.requeue.CheckpointOnSignal`: what a requeued job finds);
+    ``last`` → ``<checkpoint_dir>/last.ckpt``; otherwise an existing file."""
     folder = Path(checkpoint_dir)
+    if ckpt_path is None and (folder / RESUME_FILE).is_file() and (folder / "last.ckpt").is_file():
+        ckpt_path = "last"
     if ckpt_path is None:
         existing = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
         if existing:

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 __all__ = [
     "available_memory",
     "compile_only",
+    "estimate",
     "meta_batch",
     "saved_activation_bytes",
 ]
@@ -153,7 +154,7 @@ def _first_batch(datamodule: Any) -> dict[str, Tensor]:
     return batch
 
 
-def _estimate(
+def estimate(
     config: Any, shapes: Mapping[str, list[int]], precision: str, clip: float | None
 ) -> dict[str, Any]:
     from omnibert.callbacks.throughput import measure_flops
@@ -190,7 +191,7 @@ def compile_only(
     plugin.check_precision(plan.precision)
     shapes = datamodule.describe()["shapes"]
     config = BertConfig(**{**c["model"]["config"], "vocab_size": plan.vocab_size})
-    estimate = _estimate(config, shapes, plan.precision, plan.clip_grad_per_micro_batch)
+    counted = estimate(config, shapes, plan.precision, plan.clip_grad_per_micro_batch)
     batch = plan.batch
     report: dict[str, Any] = {
         "model": c["model"]["name"],
@@ -203,25 +204,25 @@ def compile_only(
             "global_batch_size": batch.global_batch_size,
             "shapes": dict(shapes),
         },
-        "parameters": estimate["parameters"],
+        "parameters": counted["parameters"],
         "flops": {
-            "per_micro_batch": estimate["flops_per_micro_batch"],
-            "per_optimizer_step": estimate["flops_per_micro_batch"]
+            "per_micro_batch": counted["flops_per_micro_batch"],
+            "per_optimizer_step": counted["flops_per_micro_batch"]
             * batch.accumulate_grad_batches
             * batch.world_size,
             "counted_with": "torch.utils.flop_counter.FlopCounterMode, forward + backward, "
             "meta device",
         },
-        "memory_estimate_bytes": estimate["memory"],
+        "memory_estimate_bytes": counted["memory"],
     }
     available, source = available_memory(plugin.device)
     report["available_memory_bytes"] = available
     report["available_memory_source"] = source
     report["fits"], report["reason"], report["measured"] = None, None, None
-    if available is not None and estimate["memory"]["total"] > available:
+    if available is not None and counted["memory"]["total"] > available:
         report["fits"] = False
         report["reason"] = (
-            f"the estimate ({_gib(estimate['memory']['total'])}) exceeds the "
+            f"the estimate ({_gib(counted['memory']['total'])}) exceeds the "
             f"{_gib(available)} the device has; the step was not run"
         )
     else:

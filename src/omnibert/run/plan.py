@@ -131,6 +131,8 @@ class TrainPlan:
     clip_grad_per_micro_batch: float | None
     precision: str
     data: dict[str, Any]
+    #: how the micro batch was chosen (omnibert.run.memory)
+    micro_batch_choice: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -167,6 +169,7 @@ class TrainPlan:
             *rows,
             ("devices", f"{b.world_size}"),
             ("micro batch", f"{b.micro_batch_size} per device (eval {b.eval_micro_batch_size})"),
+            *([("micro batch choice", self.micro_batch_choice)] if self.micro_batch_choice else []),
             ("accumulation", f"{b.accumulate_grad_batches} micro-batches per step"),
             ("steps", f"{self.max_steps} ({self.steps_per_epoch} per pass over the data)"),
             ("train samples", f"{self.data.get('train_samples')}"),

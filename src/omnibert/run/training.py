@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from omnibert.run.checks import (
+    RESUME_FILE,
     check_init_from,
     check_optimizer,
     check_resume_target,
@@ -100,40 +102,70 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
     plugin.check_precision(str(c["trainer"].get("precision")))
-    batch, datamodule = _batch_and_data(cfg, c)
-    plan = plan_run(c, datamodule, batch)
+    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
+    plan = dataclasses.replace(plan_run(c, datamodule, batch), micro_batch_choice=choice.reason)
     profile = check_profile(c)
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
 
 
-def _batch_and_data(cfg: DictConfig, c: dict[str, Any]) -> tuple[BatchPlan, Any]:
-    """The batch plan and the data module, checked against the data (packing included)."""
+def _batch_and_data(
+    cfg: DictConfig, c: dict[str, Any], device: Any = None
+) -> tuple[BatchPlan, Any, Any]:
+    """The batch plan, the data module checked against the data (packing included) and the
+    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read)."""
+    from omnibert.models import BertConfig
+    from omnibert.run.memory import choose_micro_batch
+
     acc = c["accelerator"]
-    batch = batch_plan(
-        c["phase"]["global_batch_size"],
-        acc["devices"],
-        acc["num_nodes"],
-        c.get("micro_batch_size"),
+    requested = c.get("micro_batch_size")
+    first = batch_plan(
+        c["phase"]["global_batch_size"], acc["devices"], acc["num_nodes"], requested,
         c.get("eval_micro_batch_size"),
-    )
+    ) if requested is not None else None  # fmt: skip
     datamodule = instantiate_node(
         cfg.data,
-        micro_batch_size=batch.micro_batch_size,
-        eval_micro_batch_size=batch.eval_micro_batch_size,
+        micro_batch_size=requested or 1,
+        eval_micro_batch_size=c.get("eval_micro_batch_size"),
     )
     datamodule.check()
+    world = acc["devices"] * acc["num_nodes"]
+    vocab = resolve_vocab_size(c["model"]["config"], datamodule.vocab_size)
+    choice = choose_micro_batch(
+        BertConfig(**{**c["model"]["config"], "vocab_size": vocab}),
+        {
+            "input_ids": [1, datamodule.max_seq_length],
+            "masked_lm_positions": [1, datamodule.predictions_per_pack],
+            "nsp_labels": [1, datamodule.packing.sequences_per_row_max],
+        },
+        precision=str(c["trainer"].get("precision")),
+        clip=resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"]),
+        device=device if device is not None else torch.device("cpu"),
+        requested=None if c.get("compile_only") else requested,  # compile-only reports fits
+        per_device=max(1, c["phase"]["global_batch_size"] // world),
+        max_rows=max(1, datamodule.num_train_rows // world),
+        packed=datamodule.packing.enabled,
+        memory_fraction=float(c.get("memory_fraction", 0.8)),
+    )
+    if requested is not None and c.get("compile_only"):
+        choice = dataclasses.replace(choice, size=requested, reason="set by micro_batch_size")
+    batch = first or batch_plan(
+        c["phase"]["global_batch_size"], acc["devices"], acc["num_nodes"], choice.size,
+        c.get("eval_micro_batch_size"),
+    )  # fmt: skip
+    datamodule.micro_batch_size = batch.micro_batch_size
+    datamodule.eval_micro_batch_size = batch.eval_micro_batch_size
     if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
-        batch = packed_batch_plan(batch, datamodule.sequences_per_row, c.get("micro_batch_size"))
+        batch = packed_batch_plan(batch, datamodule.sequences_per_row, batch.micro_batch_size)
         datamodule.micro_batch_size = batch.micro_batch_size
-        datamodule.check()
-    return batch, datamodule
+    datamodule.check()
+    return batch, datamodule, choice
 
 
 def check_data(cfg: DictConfig) -> None:
     """The config resolves and its data fits it (shapes, batch arithmetic): what a later
     phase of a multi-phase run checks before the first one trains."""
     c = resolve(cfg)
-    _batch_and_data(cfg, c)
+    _batch_and_data(cfg, c)  # the memory of this machine's CPU: the data is what is checked
 
 
 def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
@@ -277,6 +309,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     from lightning.pytorch.callbacks import ProgressBar
 
     from omnibert.callbacks import AtomicCheckpointIO
+    from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
     from omnibert.run.profiling import profiler_for_run
 
     cfg, c, plugin, plan = prepared.cfg, prepared.c, prepared.plugin, prepared.plan
@@ -286,6 +319,8 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     mlperf = _mlperf_callback(prepared, output_dir)  # logs init_start before the model
     task, loaded = build_task(prepared)
     callbacks = _instantiate_all(cfg.get("callbacks")) + ([mlperf] if mlperf else [])
+    if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
+        callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     loggers = _instantiate_all(cfg.get("logger"))
@@ -336,6 +371,8 @@ def fit(run: Run) -> dict[str, Any]:
     try:
         trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
         seconds = time.perf_counter() - start
+        if trainer.is_global_zero:  # finished: nothing left to resume after a time limit
+            (Path(plan.checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)
         last = task.last_validation
         if plan.data.get("eval_samples") and (last is None or last["step"] != trainer.global_step):
             trainer.validate(task, datamodule=prepared.datamodule, verbose=False)

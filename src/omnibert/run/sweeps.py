@@ -1,0 +1,141 @@
+"""Sweeps (Hydra multirun): a run directory per job, named after the job's overrides, and a
+table of all jobs at the end.
+
+* ``paths.run_dir`` is ``${omnibert.run_dir:<single-run dir>}``: in a single run the stable
+  ``<output_root>/<run_name>``; in a multirun the job's own Hydra output directory,
+  ``<hydra.sweep.dir>/<job name>``, where the job name comes from the job's overrides
+  (``${omnibert.job_dirname:${hydra.job.override_dirname}}``: slashes escaped, long names
+  shortened with a hash). Checkpoints, logs, plan and summary of every job live there, so
+  ``ckpt_path=last`` in a re-run of the same sweep resumes each job from its own checkpoint
+  (``ckpt_path`` itself is left out of the name).
+* :class:`SweepReport` (a Hydra callback) collects every job's ``summary.json`` and
+  ``compile_report.json`` when the sweep ends: a table printed and written to
+  ``<sweep dir>/sweep_report.{json,md}`` (compile-only: what fits, memory, step time;
+  training: the final metrics, and their median and spread over the jobs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["SweepReport", "job_dirname", "register_resolvers", "run_dir"]
+
+MAX_NAME = 200
+
+
+def run_dir(single: str) -> str:
+    """The run directory: ``single`` outside a multirun, else the job's output directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized():
+        hydra = HydraConfig.get()
+        if hydra.mode == RunMode.MULTIRUN:
+            return str(hydra.runtime.output_dir)
+    return single
+
+
+def job_dirname(overrides: str) -> str:
+    """A directory name from a job's overrides: ``/`` escaped, at most :data:`MAX_NAME`
+    characters (longer names keep a prefix and a hash of the whole)."""
+    name = overrides.replace("/", "%2F") or "default"
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = f"{name[: MAX_NAME - 11]}-{digest}"
+    return name
+
+
+def register_resolvers() -> None:
+    for name, fn in (("omnibert.run_dir", run_dir), ("omnibert.job_dirname", job_dirname)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+def _rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        row: dict[str, Any] = {"job": job.name}
+        compile_report = job / "compile_report.json"
+        summary = job / "summary.json"
+        if compile_report.is_file():
+            report = json.loads(compile_report.read_text())
+            measured = report.get("measured") or {}
+            row.update(
+                kind="compile_only",
+                micro_batch=report["batch"]["micro_batch_size"],
+                shape=report["batch"]["shapes"]["input_ids"],
+                fits=report["fits"],
+                estimate_gib=round(report["memory_estimate_bytes"]["total"] / 2**30, 3),
+                peak_gib=None if measured.get("peak_memory_bytes") is None
+                else round(measured["peak_memory_bytes"] / 2**30, 3),
+                step_seconds=measured.get("step_seconds"),
+            )  # fmt: skip
+        elif summary.is_file():
+            data = json.loads(summary.read_text())
+            metrics = data.get("metrics") or {
+                k.removeprefix("val/"): v
+                for k, v in (data.get("validation") or {}).items()
+                if k in ("val/mlm_acc", "val/nsp_acc", "val/loss")
+            }
+            row.update(kind="train", steps=data.get("steps"), **metrics)
+        else:
+            continue
+        rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    keys = [k for k in rows[0] if k != "kind"]
+    for row in rows[1:]:
+        keys += [k for k in row if k not in keys and k != "kind"]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(k, "")) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def _spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Median, min, max and standard deviation of every numeric metric over the jobs."""
+    out: dict[str, dict[str, float]] = {}
+    skip = {"job", "kind", "steps", "micro_batch", "shape", "fits"}
+    for key in {k for row in rows for k in row if k not in skip}:
+        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if len(values) >= 2:
+            out[key] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+                "stdev": statistics.stdev(values),
+                "jobs": len(values),
+            }
+    return out
+
+
+class SweepReport(Callback):
+    """Hydra callback: at the end of a multirun, one table of all its jobs (module doc)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            return
+        rows = _rows(sweep_dir)
+        if not rows:
+            return
+        spread = _spread([r for r in rows if r["kind"] == "train"])
+        report = {"jobs": rows, "spread": spread}
+        (sweep_dir / "sweep_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        text = f"{_table(rows)}\n"
+        for key, stats in sorted(spread.items()):
+            text += (
+                f"\n{key}: median {stats['median']:.4f} (min {stats['min']:.4f}, max "
+                f"{stats['max']:.4f}, stdev {stats['stdev']:.4f}, {stats['jobs']} jobs)"
+            )
+        (sweep_dir / "sweep_report.md").write_text(text + "\n")
+        print(f"sweep of {len(rows)} job(s) in {sweep_dir}:\n{text}", flush=True)
