@@ -40,7 +40,7 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
 def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """One training run (one phase)."""
     from omnibert.accelerators.environment import format_report
-    from omnibert.run.training import build, fit, prepare
+    from omnibert.run.training import build, build_loggers, finish_loggers, fit, prepare
 
     prepared = prepare(cfg)
     print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
@@ -50,11 +50,17 @@ def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())
         _write_json(output_dir / "environment.json", prepared.environment)
     if prepared.c.get("compile_only"):  # build, compile and time one step; report; no training
-        from omnibert.run.compile_only import compile_only
+        from omnibert.run.compile_only import compile_only, report_metrics
 
-        return compile_only(
+        report = compile_only(
             prepared.c, prepared.plan, prepared.datamodule, prepared.plugin, output_dir
         )
+        loggers = build_loggers(prepared)
+        for logger in loggers:
+            logger.log_metrics(report_metrics(report), step=0)
+            logger.save()
+        finish_loggers(loggers)
+        return report
     built = build(prepared, output_dir)
     if built.initialised_from:
         print(f"omnibert-train: initialised from {built.initialised_from}", flush=True)

@@ -270,6 +270,21 @@ def compile_only(
     return report
 
 
+def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a compile-only report as logger metrics (``compile_only/*``)."""
+    measured = report.get("measured") or {}
+    metrics = {
+        "compile_only/fits": float(bool(report["fits"])),
+        "compile_only/parameters": float(report["parameters"]),
+        "compile_only/flops_per_optimizer_step": float(report["flops"]["per_optimizer_step"]),
+        "compile_only/memory_estimate_bytes": float(report["memory_estimate_bytes"]["total"]),
+    }
+    for key in ("compile_seconds", "step_seconds", "peak_memory_bytes"):
+        if measured.get(key) is not None:
+            metrics[f"compile_only/{key}"] = float(measured[key])
+    return metrics
+
+
 def _gib(n: float | None) -> str:
     if n is None:
         return "n/a"

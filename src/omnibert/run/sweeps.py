@@ -25,7 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SweepReport", "job_dirname", "register_resolvers", "run_dir"]
+__all__ = ["SweepReport", "job_dirname", "register_resolvers", "run_dir", "run_id", "sweep_group"]
 
 MAX_NAME = 200
 
@@ -52,8 +52,31 @@ def job_dirname(overrides: str) -> str:
     return name
 
 
+def run_id(directory: str) -> str:
+    """A stable id of a run directory (W&B's run id): the same directory, the same run, so a
+    resumed or requeued job continues its experiment-tracker run."""
+    return hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:16]
+
+
+def sweep_group() -> str | None:
+    """The sweep a job belongs to (W&B's group): the sweep directory's name, None outside a
+    multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return Path(str(HydraConfig.get().sweep.dir)).name
+    return None
+
+
 def register_resolvers() -> None:
-    for name, fn in (("omnibert.run_dir", run_dir), ("omnibert.job_dirname", job_dirname)):
+    resolvers = (
+        ("omnibert.run_dir", run_dir),
+        ("omnibert.job_dirname", job_dirname),
+        ("omnibert.run_id", run_id),
+        ("omnibert.sweep_group", sweep_group),
+    )
+    for name, fn in resolvers:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

@@ -323,7 +323,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
         callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
-    loggers = _instantiate_all(cfg.get("logger"))
+    loggers = build_loggers(prepared)
     plugin.compile_model(task.model)
     # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
     # the loop counts (IPU: device-side accumulation) override the trainer config's
@@ -350,11 +350,28 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     return Run(prepared, task, trainer, callbacks, loaded)
 
 
-def _finish_runs(trainer: Any) -> None:
-    """End the experiment-tracker runs this fit started (W&B: ``Run.finish``), so the next
-    run in this process (a sequential multirun, a test) starts its own instead of reusing
-    it; Lightning's ``finalize`` leaves them open."""
-    for logger in trainer.loggers:
+def build_loggers(prepared: Prepared) -> list[Any]:
+    """The configured loggers (``logger=csv``, ``[csv,wandb]``, ...), each given the resolved
+    config, the plan and the environment report."""
+    loggers = _instantiate_all(prepared.cfg.get("logger"))
+    facts = {
+        "config": prepared.c,
+        "plan": prepared.plan.to_dict(),
+        "environment": prepared.environment,
+    }
+    for logger in loggers:
+        logger.log_hyperparams(facts)
+    return loggers
+
+
+def finish_loggers(loggers: list[Any]) -> None:
+    """End the experiment-tracker runs a run started (W&B: ``Run.finish``), so the next run
+    in this process (a sequential multirun, a test) starts its own instead of reusing it;
+    Lightning's ``finalize`` leaves them open."""
+    for logger in loggers:
+        experiment = getattr(logger, "_experiment", None)
+        if experiment is not None and callable(getattr(experiment, "finish", None)):
+            experiment.finish()
         experiment = getattr(logger, "_experiment", None)
         if experiment is not None and callable(getattr(experiment, "finish", None)):
             experiment.finish()
@@ -377,7 +394,7 @@ def fit(run: Run) -> dict[str, Any]:
         if plan.data.get("eval_samples") and (last is None or last["step"] != trainer.global_step):
             trainer.validate(task, datamodule=prepared.datamodule, verbose=False)
     finally:
-        _finish_runs(trainer)
+        finish_loggers(trainer.loggers)
     throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
     mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
     last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
