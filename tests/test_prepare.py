@@ -253,3 +253,49 @@ def test_app_reads_wikiextractor_output(bert_vocab_file: Path, tmp_path: Path) -
     prepare([str(text)], bert_vocab_file, tmp_path / "text", settings, progress=False)
     from_wiki = datasets.load_from_disk(str(tmp_path / "wiki")).to_list()
     assert from_wiki and from_wiki == datasets.load_from_disk(str(tmp_path / "text")).to_list()
+
+
+@pytest.mark.parametrize("eval_samples", [None, 5])
+def test_files_without_documents_are_skipped_and_counted(
+    inputs: list[Path],
+    bert_vocab_file: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    eval_samples: int | None,
+) -> None:
+    # the reference (tests/fixtures: create_training_instances) makes no instance from them
+    empty, nul = tmp_path / "empty.txt", tmp_path / "nul.txt"
+    empty.write_bytes(b"")
+    nul.write_bytes(b"\0\0\n\0\n\n")
+    files = [str(empty), str(inputs[1]), str(nul)]
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="omnibert.prepare"):
+        summary = prepare(
+            files, bert_vocab_file, out, SETTINGS_128, eval_samples=eval_samples, progress=False
+        )
+    warned = [r.getMessage() for r in caplog.records if r.name == "omnibert.prepare"]
+    assert any("empty.txt" in m for m in warned) and any("nul.txt" in m for m in warned)
+    assert [p.input_file for p in summary.skipped] == [str(empty), str(nul)]
+    assert "2 skipped" in summary.render() and "skipped " + str(nul) in summary.render()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["counts"]["skipped_files"] == 2 and meta["counts"]["files"] == 3
+    assert [bool(i.get("skipped")) for i in meta["inputs"]] == [True, False, True]
+    alone = tmp_path / "alone"
+    prepare(
+        [str(inputs[1])],
+        bert_vocab_file,
+        alone,
+        SETTINGS_128,
+        eval_samples=eval_samples,
+        progress=False,
+    )
+    rows = datasets.load_from_disk(str(out)).to_list()
+    assert rows and rows == datasets.load_from_disk(str(alone)).to_list()
+
+
+def test_only_empty_files_are_refused(bert_vocab_file: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(PrepareError, match=r"no input file gives any instance \(.*empty.txt"):
+        prepare([str(empty)], bert_vocab_file, tmp_path / "out", SETTINGS_128, progress=False)
+    assert not (tmp_path / "out" / "metadata.json").exists()

@@ -8,7 +8,7 @@ same seed (as MLPerf runs it on each of its part files).
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import sys
 import time
@@ -23,7 +23,6 @@ import numpy as np
 from tqdm import tqdm
 
 from omnibert.data import schema
-from omnibert.errors import UserError
 from omnibert.prepare import shards
 from omnibert.prepare.instances import (
     InputFileError,
@@ -37,15 +36,20 @@ from omnibert.prepare.metadata import (
     PartStats,
     PrepareSummary,
     RowStats,
+    RunOptions,
     build_metadata,
+    eval_shortfall,
     fingerprint,
+    identity_of,
+    skip_reason,
 )
+from omnibert.prepare.output_dir import PrepareError, check_output_dir, damaged_files
 from omnibert.tokenization.bert_tokenizer import BertTokenizer
 from omnibert.tokenization.vocab import Vocab, sha256_file
 
+__all__ = ["PrepareError", "PrepareJob", "expand_input_files", "prepare", "process_file"]
 
-class PrepareError(UserError):
-    """A problem with the inputs or the output directory, said in one sentence."""
+log = logging.getLogger("omnibert.prepare")
 
 
 @dataclass(frozen=True)
@@ -156,36 +160,6 @@ def expand_input_files(input_files: str | Sequence[str]) -> list[Path]:
     return paths
 
 
-def _check_output_dir(output_dir: Path, fingerprint: str, overwrite: bool) -> bool:
-    """True when ``output_dir`` already holds exactly this data.  Raises when it holds
-    something else, unless ``overwrite``."""
-    if not output_dir.exists():
-        return False
-    if not output_dir.is_dir():
-        raise PrepareError(f"output_dir {str(output_dir)!r} is a file; choose a directory.")
-    meta_path = output_dir / schema.METADATA_FILE
-    if meta_path.is_file():
-        existing = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
-        if existing == fingerprint:
-            return True
-        if not overwrite:
-            raise PrepareError(
-                f"output_dir {str(output_dir)!r} already holds data prepared from other inputs "
-                "or settings; choose another output_dir or pass overwrite=true to replace it."
-            )
-        shards.remove_outputs(output_dir)
-        return False
-    foreign = [p.name for p in output_dir.iterdir() if not shards.written_by_us(p)]
-    if foreign and not overwrite:
-        raise PrepareError(
-            f"output_dir {str(output_dir)!r} is not empty and was not written by omnibert-prepare "
-            f"(it holds {foreign[0]!r}); choose an empty or new directory."
-        )
-    if overwrite:
-        shards.remove_outputs(output_dir)
-    return False
-
-
 def prepare(
     input_files: str | Sequence[str],
     vocab_file: str | Path,
@@ -199,8 +173,14 @@ def prepare(
     overwrite: bool = False,
     max_shard_size: str | int = "500MB",
     progress: bool = True,
+    shortfalls: Sequence[dict[str, Any]] = (),
 ) -> PrepareSummary:
-    """Turn text files into Arrow shards of reference-exact pretraining instances."""
+    """Turn text files into Arrow shards of reference-exact pretraining instances.
+
+    A finished ``output_dir`` of the same data is verified (sizes and CRC-32C of its Arrow
+    files) and its damaged files are regenerated from their input files. ``shortfalls``:
+    what earlier steps produced less of than asked (a trained vocab), kept in metadata.json.
+    """
     start = time.perf_counter()
     try:
         settings.validate()
@@ -221,7 +201,11 @@ def prepare(
     dataset_fingerprint = fingerprint(
         settings, vocab, do_lower_case, hashes, input_format, eval_samples
     )
-    if _check_output_dir(output_dir, dataset_fingerprint, overwrite):
+    options = RunOptions(do_lower_case, input_format, eval_samples, max_shard_size)
+    identity = identity_of(settings, options, vocab, paths, hashes)
+    existing = check_output_dir(output_dir, dataset_fingerprint, overwrite, identity)
+    damaged = [] if existing is None else damaged_files(output_dir, existing)
+    if existing is not None and not damaged:
         return PrepareSummary(str(output_dir), len(paths), 0, 0, 0, 0.0, already_complete=True)
     output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -240,28 +224,81 @@ def prepare(
         )
         for i, (path, sha) in enumerate(zip(paths, hashes, strict=True))
     ]
+    if existing is not None:
+        return _repair(existing, damaged, jobs, num_workers, progress, start)
     results = _run_jobs(jobs, num_workers, progress)
     parts = [results[i] for i in range(len(jobs))]
-    dataset = shards.assemble(output_dir, len(jobs), dataset_fingerprint, keep_rows=eval_samples)
+    kept_parts = [p.index for p in parts if p.instances > 0]
+    for part in parts:
+        if part.instances == 0:
+            log.warning("skipped input file %s: %s", part.input_file, skip_reason(part))
+    if not kept_parts:
+        raise PrepareError(
+            f"no input file gives any instance ({', '.join(p.input_file for p in parts[:3])}"
+            f"{', ...' if len(parts) > 3 else ''} hold no documents); fix input_files."
+        )
+    shards.clear_data_files(output_dir)  # left by an interrupted assembly: redone from parts
+    records = shards.assemble(output_dir, kept_parts, keep_rows=eval_samples)
+    dataset = shards.write_state(output_dir, records, dataset_fingerprint)
     if eval_samples is None:
         kept = RowStats.from_parts(parts, settings.max_seq_length)
     else:
         kept = RowStats.from_dataset(dataset, settings.max_seq_length)
+    notes = [*shortfalls, *eval_shortfall(eval_samples, kept.rows)]
     metadata = build_metadata(
-        parts, settings, vocab, do_lower_case, dataset_fingerprint, eval_samples, kept
+        parts, settings, vocab, options, dataset_fingerprint, kept, records, identity, notes
     )
     shards.complete(output_dir, metadata)
-    rows = len(dataset)
     seconds = time.perf_counter() - start
     return PrepareSummary(
         output_dir=str(output_dir),
         files=len(parts),
         documents=sum(p.documents for p in parts),
-        instances=rows,
+        instances=len(dataset),
         tokens=metadata["counts"]["tokens"],
         seconds=seconds,
         resumed_files=sum(p.resumed for p in parts),
         parts=parts,
+        shortfalls=notes,
+    )
+
+
+def _repair(
+    existing: dict[str, Any],
+    damaged: list[tuple[Any, str]],
+    jobs: list[PrepareJob],
+    num_workers: int,
+    progress: bool,
+    start: float,
+) -> PrepareSummary:
+    """Regenerate the input files whose rows a damaged Arrow file held, put their files in
+    place and record them; everything else in the finished directory stays as it is."""
+    output_dir = Path(jobs[0].output_dir)
+    affected = sorted({int(i) for record, _ in damaged for i in record["inputs"]})
+    for record, what in damaged:
+        inputs = ", ".join(jobs[i].input_file for i in record["inputs"])
+        log.warning("%s %s; regenerating it from %s", record["filename"], what, inputs)
+    results = _run_jobs([jobs[i] for i in affected], num_workers, progress)
+    keep_rows = (existing.get("settings") or {}).get("eval_samples")
+    records = shards.assemble(output_dir, affected, keep_rows=keep_rows)
+    untouched = [r for r in existing["files"] if not set(r["inputs"]) & set(affected)]
+    records = sorted([*untouched, *records], key=lambda r: str(r["filename"]))
+    dataset = shards.write_state(output_dir, records, existing["fingerprint"])
+    if len(dataset) != existing["counts"]["instances"]:  # pragma: no cover - nondeterminism
+        raise PrepareError(
+            f"regenerating {output_dir} gave {len(dataset)} rows, not the "
+            f"{existing['counts']['instances']} recorded; pass overwrite=true to redo it all."
+        )
+    shards.complete(output_dir, {**existing, "files": records})
+    return PrepareSummary(
+        output_dir=str(output_dir),
+        files=len(jobs),
+        documents=sum(p.documents for p in results.values()),
+        instances=len(dataset),
+        tokens=int(existing["counts"]["tokens"]),
+        seconds=time.perf_counter() - start,
+        repaired=[str(record["filename"]) for record, _ in damaged],
+        parts=[results[i] for i in affected],
     )
 
 
