@@ -175,3 +175,43 @@ def test_a_bad_row_names_its_shard_and_row_from_a_loader_worker(
     assert "masks position 60000" in message
     assert "repair it with: omnibert-prepare " in message
     assert message.endswith("(raised in DataLoader worker process 0).")
+
+
+def test_training_on_a_bad_row_exits_with_one_line(
+    inputs: list[str], bert_vocab_file: Path, tmp_path: Path, capsys
+) -> None:
+    from omnibert.apps.train import run_or_exit
+
+    data = tmp_path / "data"
+    _prepare(inputs, bert_vocab_file, data)
+    for arrow in data.glob("*.arrow"):
+        damage_masked_positions(arrow)
+    cfg = compose(
+        "pretrain",
+        [
+            "data=arrow",
+            f"data.train_path={data}",
+            "data.eval_path=null",
+            "data.num_workers=1",  # the error happens in a loader worker process
+            "model=bert_tiny",
+            "phase.max_seq_length=64",
+            "phase.max_predictions_per_seq=10",
+            "phase.global_batch_size=8",
+            "phase.max_steps=2",
+            "micro_batch_size=4",
+            "logger=none",
+            "callbacks=minimal",
+            "trainer.enable_progress_bar=false",
+            f"paths.output_root={tmp_path / 'runs'}",
+        ],
+    )
+    with pytest.raises(SystemExit) as exited:
+        run_or_exit(cfg, tmp_path / "run")
+    assert exited.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr
+    assert errors[0].startswith("omnibert-train: error: row ")
+    assert "masks position 60000" in errors[0] and f"of {data}/data-000" in errors[0]
+    assert "repair it with: omnibert-prepare " in errors[0]
