@@ -1,8 +1,8 @@
 """``omnibert-prepare``'s work: validate, process input files in parallel, write shards.
 
 Every input file is one job (read → tokenize → instances → Arrow part), run by a pool of
-``num_workers`` spawned processes, so memory is bounded by the files in flight, not by
-the corpus.  Each file's instances equal the reference run on that file alone with the
+``num_workers`` worker processes (:mod:`omnibert.prepare.workers`; they die with the run),
+so memory is bounded by the files in flight, not by the corpus.  Each file's instances equal the reference run on that file alone with the
 same seed (as MLPerf runs it on each of its part files).
 """
 
@@ -10,30 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from tqdm import tqdm
-
-from omnibert.data import schema
 from omnibert.prepare import shards
-from omnibert.prepare.instances import (
-    InputFileError,
-    InstanceSettings,
-    TokenizedDocuments,
-    create_instances,
-    read_lines,
-    tokenize_documents,
-)
+from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.metadata import (
-    PartStats,
     PrepareSummary,
     RowStats,
     RunOptions,
@@ -44,90 +28,12 @@ from omnibert.prepare.metadata import (
     skip_reason,
 )
 from omnibert.prepare.output_dir import PrepareError, check_output_dir, damaged_files
-from omnibert.tokenization.bert_tokenizer import BertTokenizer
+from omnibert.prepare.workers import INPUT_FORMATS, PrepareJob, process_file, run_jobs
 from omnibert.tokenization.vocab import Vocab, sha256_file
 
 __all__ = ["PrepareError", "PrepareJob", "expand_input_files", "prepare", "process_file"]
 
 log = logging.getLogger("omnibert.prepare")
-
-
-@dataclass(frozen=True)
-class PrepareJob:
-    """Everything a worker needs to turn one input file into one part."""
-
-    index: int
-    input_file: str
-    sha256: str
-    vocab_file: str
-    do_lower_case: bool
-    settings: InstanceSettings
-    output_dir: str
-    fingerprint: str
-    max_shard_size: str | int
-    input_format: str = "text"
-
-
-def process_file(job: PrepareJob) -> PartStats:
-    """Worker: one input file → one finished part (skipped if it is already finished)."""
-    output_dir = Path(job.output_dir)
-    record = shards.read_part_record(output_dir, job.index)
-    if record is not None and record.get("fingerprint") == job.fingerprint:
-        record.pop("fingerprint")
-        return PartStats(**record, resumed=True)
-    start = time.perf_counter()
-    vocab = Vocab.from_file(job.vocab_file)
-    tokenizer = BertTokenizer(vocab, do_lower_case=job.do_lower_case)
-    path = Path(job.input_file)
-    lines = input_lines(path, job.input_format)
-    documents = tokenize_documents(lines, tokenizer.tokenize_lines)
-    del lines
-    instances = create_instances(documents, vocab, job.settings)
-    feats = schema.features(vocab.size, job.settings.max_seq_length)
-    table = shards.to_table(instances, feats)
-    lengths = instances.lengths
-    stats = PartStats(
-        index=job.index,
-        input_file=str(path),
-        sha256=job.sha256,
-        bytes=path.stat().st_size,
-        documents=documents.num_documents,
-        segments=documents.num_segments,
-        text_tokens=documents.num_tokens,
-        instances=len(instances),
-        tokens=int(lengths.sum()),
-        masked=int(instances.mlm_offsets[-1]),
-        random_next=int(instances.next_sentence_label.sum()),
-        length_histogram=np.bincount(lengths, minlength=job.settings.max_seq_length + 1).tolist(),
-        seconds=0.0,
-    )
-    stats.seconds = time.perf_counter() - start
-    shards.write_part(
-        output_dir, job.index, table, feats, stats.to_record(job.fingerprint), job.max_shard_size
-    )
-    return stats
-
-
-INPUT_FORMATS = ("text", "wikiextractor")
-
-
-def input_lines(path: Path, input_format: str) -> list[str]:
-    """The stripped lines of one input file in the reference's layout (blank line between
-    documents), read from text or from WikiExtractor ``<doc>`` output."""
-    if input_format == "text":
-        return read_lines(path)
-    from omnibert.prepare.wikipedia import WikiFormatError, document_sentences, iter_documents
-
-    lines: list[str] = []
-    try:
-        for doc in iter_documents(path):
-            sentences = document_sentences(doc)
-            if sentences:
-                lines.extend(sentences)
-                lines.append("")
-    except WikiFormatError as err:
-        raise InputFileError(str(err)) from err
-    return lines
 
 
 def expand_input_files(input_files: str | Sequence[str]) -> list[Path]:
@@ -226,7 +132,7 @@ def prepare(
     ]
     if existing is not None:
         return _repair(existing, damaged, jobs, num_workers, progress, start)
-    results = _run_jobs(jobs, num_workers, progress)
+    results = run_jobs(jobs, num_workers, progress)
     parts = [results[i] for i in range(len(jobs))]
     kept_parts = [p.index for p in parts if p.instances > 0]
     for part in parts:
@@ -278,7 +184,7 @@ def _repair(
     for record, what in damaged:
         inputs = ", ".join(jobs[i].input_file for i in record["inputs"])
         log.warning("%s %s; regenerating it from %s", record["filename"], what, inputs)
-    results = _run_jobs([jobs[i] for i in affected], num_workers, progress)
+    results = run_jobs([jobs[i] for i in affected], num_workers, progress)
     keep_rows = (existing.get("settings") or {}).get("eval_samples")
     records = shards.assemble(output_dir, affected, keep_rows=keep_rows)
     untouched = [r for r in existing["files"] if not set(r["inputs"]) & set(affected)]
@@ -299,76 +205,4 @@ def _repair(
         seconds=time.perf_counter() - start,
         repaired=[str(record["filename"]) for record, _ in damaged],
         parts=[results[i] for i in affected],
-    )
-
-
-def _run_jobs(jobs: list[PrepareJob], num_workers: int, progress: bool) -> dict[int, PartStats]:
-    results: dict[int, PartStats] = {}
-    bar = tqdm(total=len(jobs), unit="file", desc="omnibert-prepare", disable=not progress)
-    try:
-        if num_workers == 1 or len(jobs) == 1:
-            for job in jobs:
-                results[job.index] = _run_one(job)
-                _advance(bar, results)
-        else:
-            # Workers each run one file at a time; the Rust tokenizer's own thread pool would
-            # only oversubscribe the cores the processes already use.
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            with ProcessPoolExecutor(
-                max_workers=min(num_workers, len(jobs)), mp_context=_worker_context()
-            ) as pool:
-                futures = {pool.submit(process_file, job): job for job in jobs}
-                for future in as_completed(futures):
-                    job = futures[future]
-                    try:
-                        results[job.index] = future.result()
-                    except InputFileError as err:
-                        for other in futures:
-                            other.cancel()
-                        raise PrepareError(str(err)) from err
-                    _advance(bar, results)
-    finally:
-        bar.close()
-    return results
-
-
-def _worker_context() -> Any:
-    """``fork`` where it is safe and cheap (Linux): workers inherit the imported modules and
-    the loaded compiled kernel instead of re-importing them (about 1.5 s per worker).  The
-    parent never runs the Rust tokenizer, so no thread pool is forked.  Elsewhere ``spawn``."""
-    if sys.platform.startswith("linux"):
-        warm_up()
-        return get_context("fork")
-    return get_context("spawn")
-
-
-def warm_up() -> None:
-    """Load the compiled instance kernel (from numba's cache) in this process."""
-    empty = TokenizedDocuments(
-        tokens=np.zeros(2, dtype=np.int32),
-        seg_offsets=np.array([0, 1, 2], dtype=np.int64),
-        doc_offsets=np.array([0, 2], dtype=np.int64),
-    )
-    vocab_like = _WarmVocab()
-    create_instances(empty, vocab_like, InstanceSettings(dupe_factor=1))  # type: ignore[arg-type]
-
-
-class _WarmVocab:
-    word_ids = np.arange(8, dtype=np.int64)
-    is_subword = np.zeros(8, dtype=bool)
-    cls_id, sep_id, mask_id = 2, 3, 4
-
-
-def _run_one(job: PrepareJob) -> PartStats:
-    try:
-        return process_file(job)
-    except InputFileError as err:
-        raise PrepareError(str(err)) from err
-
-
-def _advance(bar: tqdm, results: dict[int, PartStats]) -> None:
-    bar.update(1)
-    bar.set_postfix(
-        instances=f"{sum(p.instances for p in results.values()):,}",
-        tokens=f"{sum(p.tokens for p in results.values()):,}",
     )
