@@ -9,8 +9,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 from omnibert.errors import exit_on
+from omnibert.paths import check_writable_dir
 
 
 def run(cfg: DictConfig) -> None:
@@ -20,6 +22,7 @@ def run(cfg: DictConfig) -> None:
             f"{', '.join(missing)} must be set, e.g. omnibert-export "
             "ckpt=outputs/run/checkpoints/last.ckpt out=exports/run"
         )
+    check_writable_dir(cfg.out, "out")
     model, hparams = model_from_pretraining_checkpoint(cfg.ckpt)
     vocab_file = cfg.vocab_file if cfg.vocab_file is not None else hparams.get("vocab_file")
     if vocab_file is None:
@@ -44,6 +47,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    preflight("omnibert-export", "export", ("out",))
     _hydra_main()
 
 

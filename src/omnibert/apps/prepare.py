@@ -15,8 +15,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
 from omnibert.data.pack_index import PackIndex, PackIndexError
 from omnibert.errors import exit_on
+from omnibert.paths import check_writable_dir
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pack_index import build_pack_index, check_pack_settings
 from omnibert.prepare.pipeline import PrepareError, expand_input_files, prepare
@@ -34,6 +36,7 @@ def run(cfg: DictConfig) -> None:
                     "output_dir must be set to pack existing data, e.g. omnibert-prepare "
                     "output_dir=outputs/demo/train pack.enabled=true."
                 )
+            check_writable_dir(cfg.output_dir, "output_dir")
             _pack(cfg)
             return
     if missing:
@@ -55,8 +58,10 @@ def run(cfg: DictConfig) -> None:
         if OmegaConf.is_list(cfg.input_files)
         else cfg.input_files
     )
+    check_writable_dir(cfg.output_dir, "output_dir")
     vocab_file = Path(cfg.vocab_file)
     if not vocab_file.exists() and cfg.train_vocab.enabled:
+        check_writable_dir(vocab_file.parent, "vocab_file")
         from omnibert.prepare.vocab_training import train_wordpiece_vocab
 
         paths = expand_input_files(input_files)  # type: ignore[arg-type]
@@ -140,6 +145,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    preflight("omnibert-prepare", "prepare", ("output_dir",))
     _hydra_main()
 
 

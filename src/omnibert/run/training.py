@@ -20,6 +20,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
+from omnibert.paths import check_writable_dir
 from omnibert.run.checks import (
     check_init_from,
     check_optimizer,
@@ -119,6 +120,9 @@ def prepare(cfg: DictConfig) -> Prepared:
     from omnibert.run.slurm import check_slurm_layout
 
     c = resolve(cfg)
+    for name in ("output_root", "checkpoint_dir"):  # before any data is read
+        if c["paths"].get(name) is not None:
+            check_writable_dir(c["paths"][name], f"paths.{name}")
     plugin, environment = _plugin(cfg)
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
