@@ -299,3 +299,59 @@ def test_only_empty_files_are_refused(bert_vocab_file: Path, tmp_path: Path) -> 
     with pytest.raises(PrepareError, match=r"no input file gives any instance \(.*empty.txt"):
         prepare([str(empty)], bert_vocab_file, tmp_path / "out", SETTINGS_128, progress=False)
     assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_shortfalls_are_said_and_recorded(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omnibert.apps.prepare import run
+    from omnibert.tokenization.vocab import Vocab
+
+    # an eval set asked for more rows than its text gives
+    out = tmp_path / "eval"
+    summary = prepare(
+        [str(inputs[1])], bert_vocab_file, out, SETTINGS_128, eval_samples=1000, progress=False
+    )
+    rows = summary.instances
+    assert 0 < rows < 1000
+    note = f"eval_samples=1,000 asked, {rows:,} kept: the input files give only {rows:,} instances"
+    assert f"note: {note}" in summary.render()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert (
+        meta["shortfalls"]
+        == [
+            {
+                "key": "eval_samples",
+                "requested": 1000,
+                "produced": rows,
+                "message": meta["shortfalls"][0]["message"],
+            }
+        ]
+        and note in meta["shortfalls"][0]["message"]
+    )
+    # a trained vocab smaller than asked
+    vocab = tmp_path / "vocab.txt"
+    overrides = [f"input_files=[{REFERENCE / 'tiny_docs.txt'}]", f"vocab_file={vocab}"]
+    overrides += [f"output_dir={tmp_path / 'data'}", "train_vocab.enabled=true"]
+    run(_compose([*overrides, "train_vocab.vocab_size=5000", "dupe_factor=1", "progress=false"]))
+    size = Vocab.from_file(vocab).size
+    assert size < 5000
+    printed = capsys.readouterr().out
+    assert (
+        f"note: train_vocab.vocab_size=5,000 asked, {size:,} tokens trained: no further pair"
+        in (printed)
+    )
+    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
+    assert [(s["key"], s["requested"], s["produced"]) for s in meta["shortfalls"]] == [
+        ("train_vocab.vocab_size", 5000, size)
+    ]
+    # nothing said when everything asked was produced
+    full = prepare(
+        [str(inputs[1])],
+        bert_vocab_file,
+        tmp_path / "full",
+        SETTINGS_128,
+        eval_samples=5,
+        progress=False,
+    )
+    assert full.shortfalls == [] and "note:" not in full.render()

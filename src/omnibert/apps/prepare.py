@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -60,6 +61,7 @@ def run(cfg: DictConfig) -> None:
     )
     check_writable_dir(cfg.output_dir, "output_dir")
     vocab_file = Path(cfg.vocab_file)
+    shortfalls: list[dict[str, Any]] = []  # what was produced short of what was asked
     if not vocab_file.exists() and cfg.train_vocab.enabled:
         check_writable_dir(vocab_file.parent, "vocab_file")
         from omnibert.prepare.vocab_training import train_wordpiece_vocab
@@ -70,13 +72,16 @@ def run(cfg: DictConfig) -> None:
             cfg.train_vocab.vocab_size,
             len(paths),
         )
-        train_wordpiece_vocab(
+        trained = train_wordpiece_vocab(
             paths,
             vocab_file,
             vocab_size=cfg.train_vocab.vocab_size,
             do_lower_case=cfg.do_lower_case,
             min_frequency=cfg.train_vocab.min_frequency,
         )
+        print(f"trained {trained}", flush=True)
+        if trained.shortfall is not None:
+            shortfalls.append(trained.shortfall)
     summary = prepare(
         input_files,  # type: ignore[arg-type]
         vocab_file,
@@ -89,6 +94,7 @@ def run(cfg: DictConfig) -> None:
         overwrite=cfg.overwrite,
         max_shard_size=cfg.max_shard_size,
         progress=cfg.progress,
+        shortfalls=shortfalls,
     )
     print(summary.render())
     if cfg.pack.enabled:
