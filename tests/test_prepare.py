@@ -103,8 +103,31 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(
     assert again.already_complete
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     other = InstanceSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
-    with pytest.raises(PrepareError, match="already holds data prepared from other inputs"):
+    with pytest.raises(
+        PrepareError,
+        match=r"already holds data prepared from other inputs or settings \(max_seq_length=128 "
+        r"there, 64 now\); choose another output_dir or pass overwrite=true",
+    ):
         prepare([str(inputs[1])], bert_vocab_file, out, other, progress=False)
+    # which input file differs, old vs new
+    with pytest.raises(PrepareError, match=r"\(input_files names 2 files, the data there was made"):
+        prepare([str(inputs[1]), str(inputs[0])], bert_vocab_file, out, SETTINGS_128)
+    with pytest.raises(PrepareError, match=r"\(input file 1, .*wiki_like.txt, is not .*single_doc"):
+        prepare([str(inputs[0])], bert_vocab_file, out, SETTINGS_128)
+    changed = Path(str(inputs[1]) + ".copy")
+    shutil.copyfile(inputs[1], changed)
+    inputs[1].write_text(inputs[1].read_text() + "\nA new document.\n")
+    with pytest.raises(
+        PrepareError, match=r"\(input file 1, .*single_doc.txt, changed since there"
+    ):
+        prepare([str(inputs[1])], bert_vocab_file, out, SETTINGS_128)
+    shutil.copyfile(changed, inputs[1])
+    other_vocab = Path(str(changed) + ".vocab.txt")
+    other_vocab.write_text(bert_vocab_file.read_text(encoding="utf-8") + "extra\n", "utf-8")
+    with pytest.raises(
+        PrepareError, match=r"\(vocab_file .*vocab.txt \(sha256 \w{12}\) is not the"
+    ):
+        prepare([str(inputs[1])], other_vocab, out, SETTINGS_128)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing lost
     prepare([str(inputs[1])], bert_vocab_file, out, other, overwrite=True, progress=False)
     assert json.loads((out / "metadata.json").read_text())["settings"]["max_seq_length"] == 64

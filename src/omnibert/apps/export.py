@@ -5,6 +5,10 @@ Wiring only: compose the config, read the checkpoint, :func:`omnibert.convert.hf
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Any
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
@@ -13,6 +17,7 @@ from omnibert.apps.preflight import preflight
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 from omnibert.errors import exit_on
 from omnibert.paths import check_writable_dir
+from omnibert.tokenization.vocab import sha256_file
 
 
 def run(cfg: DictConfig) -> None:
@@ -24,12 +29,7 @@ def run(cfg: DictConfig) -> None:
         )
     check_writable_dir(cfg.out, "out")
     model, hparams = model_from_pretraining_checkpoint(cfg.ckpt)
-    vocab_file = cfg.vocab_file if cfg.vocab_file is not None else hparams.get("vocab_file")
-    if vocab_file is None:
-        raise ConversionError(
-            f"checkpoint {cfg.ckpt} records no vocab_file; pass vocab_file= with the vocab.txt "
-            "the model was trained with."
-        )
+    vocab_file = checked_vocab(cfg.ckpt, cfg.vocab_file, hparams)
     written = export_hf(model.eval(), cfg.out, vocab_file, overwrite=cfg.overwrite)
     names = ", ".join(path.name for path in written)
     print(
@@ -38,6 +38,35 @@ def run(cfg: DictConfig) -> None:
         f"({names}); load it with transformers.BertForPreTraining.from_pretrained"
         f"({str(written[0].parent)!r})"
     )
+
+
+def checked_vocab(ckpt: str, given: str | None, hparams: dict[str, Any]) -> str:
+    """The vocab.txt to export: ``vocab_file=`` or the one the checkpoint was trained with,
+    whose sha256 (recorded by the task) must still be the file's."""
+    recorded, sha = hparams.get("vocab_file"), hparams.get("vocab_sha256")
+    vocab_file = given if given is not None else recorded
+    if vocab_file is None:
+        raise ConversionError(
+            f"checkpoint {ckpt} records no vocab_file; pass vocab_file= with the vocab.txt "
+            "the model was trained with."
+        )
+    if sha is None or not Path(vocab_file).is_file():
+        return str(vocab_file)  # an older checkpoint; export_hf says when the file is missing
+    now = sha256_file(vocab_file)
+    if now == sha:
+        return str(vocab_file)
+    if given is None:
+        raise ConversionError(
+            f"vocab file {vocab_file} changed since checkpoint {ckpt} was trained with it "
+            f"(sha256 {sha[:12]} then, {now[:12]} now); pass vocab_file= with the vocab.txt "
+            "the model was trained with."
+        )
+    print(
+        f"omnibert-export: note: vocab_file={given} is not the vocab checkpoint {ckpt} was "
+        f"trained with ({recorded}, sha256 {sha[:12]}; this one {now[:12]}); exporting it.",
+        file=sys.stderr,
+    )
+    return str(vocab_file)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")

@@ -108,6 +108,14 @@ def restore_rng_states(states: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def _sha256(path: str | None) -> str | None:
+    if path is None or not Path(path).is_file():
+        return None
+    from omnibert.tokenization.vocab import sha256_file
+
+    return sha256_file(path)
+
+
 class PretrainingTask(pl.LightningModule):
     """BERT pretraining (MLM + NSP) with LAMB/AdamW and a per-step LR schedule.
 
@@ -121,7 +129,9 @@ class PretrainingTask(pl.LightningModule):
         init_from: initial weights for a fresh run, applied by :meth:`load_initial_weights`:
             a Hugging Face BERT directory, or a Lightning ``.ckpt`` of an earlier phase
             (weights only; the optimiser and schedule start fresh).
-        vocab_file: the vocab.txt the data was tokenised with (kept for exports).
+        vocab_file: the vocab.txt the data was tokenised with, kept for exports as an
+            absolute path (an export runs from anywhere) with its sha256 (``vocab_sha256``,
+            computed here when not given), so an export notices a file changed since.
         clip_grad_per_micro_batch: clip each micro-batch's gradient to this global norm
             before accumulation (MLPerf TF order, ``optimizer=lamb_mlperf``); ``None``: off.
     """
@@ -135,6 +145,7 @@ class PretrainingTask(pl.LightningModule):
         init_from: str | None = None,
         vocab_file: str | None = None,
         clip_grad_per_micro_batch: float | None = None,
+        vocab_sha256: str | None = None,
     ) -> None:
         super().__init__()
         config = BertConfig(**plain(model_config))
@@ -144,7 +155,8 @@ class PretrainingTask(pl.LightningModule):
             "schedule": plain(schedule),
             "total_steps": total_steps,
             "init_from": None if init_from is None else str(init_from),
-            "vocab_file": None if vocab_file is None else str(vocab_file),
+            "vocab_file": None if vocab_file is None else str(Path(vocab_file).absolute()),
+            "vocab_sha256": vocab_sha256 if vocab_sha256 is not None else _sha256(vocab_file),
             "clip_grad_per_micro_batch": clip_grad_per_micro_batch,
         }
         self.save_hyperparameters(hparams)
