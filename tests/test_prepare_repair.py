@@ -215,3 +215,22 @@ def test_training_on_a_bad_row_exits_with_one_line(
     assert errors[0].startswith("omnibert-train: error: row ")
     assert "masks position 60000" in errors[0] and f"of {data}/data-000" in errors[0]
     assert "repair it with: omnibert-prepare " in errors[0]
+
+
+def test_the_repair_command_keeps_a_glob_a_glob(
+    inputs: list[str], bert_vocab_file: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from omnibert.apps.prepare import run
+    from omnibert.data.integrity import repair_command
+
+    monkeypatch.chdir(tmp_path)
+    prepare("*.txt", bert_vocab_file, "data", SETTINGS, max_shard_size=20_000, progress=False)
+    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
+    assert meta["input_files"] == [str(tmp_path / "*.txt")]
+    command = repair_command(meta, tmp_path / "data")
+    assert f'input_files=["{tmp_path}/*.txt"]' in command and "single_doc" not in command
+    before = _snapshot(tmp_path / "data")
+    truncate(tmp_path / "data" / "data-00000-00000.arrow")
+    monkeypatch.chdir(tmp_path.parent)
+    run(compose("prepare", [*shlex.split(command)[1:], "progress=false"]))
+    assert _snapshot(tmp_path / "data") == before

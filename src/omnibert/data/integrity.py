@@ -140,8 +140,10 @@ def repair_command(metadata: Mapping[str, Any], directory: str | Path) -> str:
     files from the inputs, vocab and settings its ``metadata.json`` records (only the input
     files whose rows are affected are processed again)."""
     settings = metadata.get("settings") or {}
+    # the input files as given (a glob stays one), else every file
+    inputs = metadata.get("input_files") or [entry["input_file"] for entry in metadata["inputs"]]
     args = [
-        "input_files=" + _hydra_value([entry["input_file"] for entry in metadata["inputs"]]),
+        "input_files=" + _hydra_value(list(inputs)),
         "vocab_file=" + _hydra_value(metadata["vocab"]["path"]),
         "output_dir=" + _hydra_value(str(Path(directory).absolute())),
     ]

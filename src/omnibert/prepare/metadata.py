@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -134,10 +135,13 @@ def identity_of(
     vocab: Vocab,
     paths: Sequence[Path],
     hashes: Sequence[str],
+    patterns: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The settings, vocab and inputs entries of ``metadata.json`` (absolute paths, so a
-    repair command works from anywhere)."""
+    """The settings, vocab and inputs entries of ``metadata.json`` and ``input_files`` as
+    given (a glob stays a glob), all with absolute paths so a repair command works from
+    anywhere and stays short."""
     return {
+        "input_files": [os.path.join(os.getcwd(), p) for p in patterns],
         "settings": {**asdict(settings), **asdict(options)},
         "vocab": {"path": str(Path(vocab.path).absolute()), "sha256": vocab.sha256},
         "inputs": [
@@ -233,6 +237,7 @@ def build_metadata(
         "created_by": f"omnibert {omnibert.__version__}",
         "python": platform.python_version(),
         "command": sys.argv,
+        "input_files": identity.get("input_files") or [e["input_file"] for e in identity["inputs"]],
         "settings": identity["settings"],
         "vocab": {**identity["vocab"], "size": vocab.size},
         "columns": {

@@ -36,13 +36,16 @@ __all__ = ["PrepareError", "PrepareJob", "expand_input_files", "prepare", "proce
 log = logging.getLogger("omnibert.prepare")
 
 
+def patterns_of(input_files: str | Sequence[str]) -> list[str]:
+    """The comma-separated patterns (or the list) of ``input_files``, as given."""
+    patterns = input_files.split(",") if isinstance(input_files, str) else list(input_files)
+    return [p.strip() for p in patterns if p.strip()]
+
+
 def expand_input_files(input_files: str | Sequence[str]) -> list[Path]:
     """Comma-separated glob patterns (the reference's ``--input_file``) or a list of them."""
-    patterns = input_files.split(",") if isinstance(input_files, str) else list(input_files)
     paths: list[Path] = []
-    for pattern in (p.strip() for p in patterns):
-        if not pattern:
-            continue
+    for pattern in patterns_of(input_files):
         if any(ch in pattern for ch in "*?["):
             matches = (
                 sorted(Path().glob(pattern))
@@ -108,7 +111,7 @@ def prepare(
         settings, vocab, do_lower_case, hashes, input_format, eval_samples
     )
     options = RunOptions(do_lower_case, input_format, eval_samples, max_shard_size)
-    identity = identity_of(settings, options, vocab, paths, hashes)
+    identity = identity_of(settings, options, vocab, paths, hashes, patterns_of(input_files))
     existing = check_output_dir(output_dir, dataset_fingerprint, overwrite, identity)
     damaged = [] if existing is None else damaged_files(output_dir, existing)
     if existing is not None and not damaged:
