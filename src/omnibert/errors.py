@@ -38,7 +38,7 @@ def _unwrap_worker_message(cls: type, message: object) -> object:
     if "\nOriginal Traceback" not in message or at < 0:
         return message
     sentence = message[at + 1 + len(marker) :].strip().split("\n", 1)[0]
-    return f"{sentence.removesuffix('.')} (raised {where})."
+    return f"{where}: {sentence}"  # first: a command ending the sentence stays last
 
 
 @contextmanager

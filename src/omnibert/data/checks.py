@@ -117,7 +117,7 @@ def load_arrow(split: Split) -> Any:
     except Exception as err:  # datasets raises many types for broken directories
         raise DataConfigError(
             f"{split.key}={split.path}: the Arrow shards cannot be loaded ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}); {repair_hint(split)}."
+            f"{str(err).splitlines()[0] if str(err) else ''}); {repair_hint(split)}"
         ) from err
     missing = [c for c in COLUMNS if c not in dataset.column_names]
     if missing or not isinstance(dataset, datasets.Dataset):
@@ -129,7 +129,7 @@ def load_arrow(split: Split) -> Any:
     if expected is not None and expected != len(dataset):
         raise DataConfigError(
             f"{split.key}={split.path} holds {len(dataset)} rows but its metadata.json says "
-            f"{expected}; the shards were altered, {repair_hint(split)}."
+            f"{expected}; the shards were altered, {repair_hint(split)}"
         )
     return dataset
 
@@ -144,11 +144,12 @@ def split_repair_command(split: Split) -> str | None:
 
 
 def repair_hint(split: Split) -> str:
-    """How to regenerate a split's damaged data: the exact command, or the general advice."""
+    """How to regenerate a split's damaged data, ending the sentence: the exact command last
+    (no full stop after it, so it can be copied as it is), or the general advice."""
     command = split_repair_command(split)
     if command is not None:
         return f"repair it with: {command}"
-    return f"re-run omnibert-prepare into {split.path}"
+    return f"re-run omnibert-prepare into {split.path}."
 
 
 def check_files(split: Split, checksums: bool) -> None:
@@ -164,5 +165,5 @@ def check_files(split: Split, checksums: bool) -> None:
         others = f" (and {len(problems) - 1} more file(s))" if len(problems) > 1 else ""
         raise DataConfigError(
             f"{split.key}={split.path}: {record['filename']} {what}{others}, so the data is "
-            f"damaged; {repair_hint(split)}."
+            f"damaged; {repair_hint(split)}"
         )

@@ -306,7 +306,7 @@ class PretrainingCollator:
                 return f"row {int(indices[i])} of the dataset"
             return f"row {int(indices[i])} of the dataset ({shards.locate(int(indices[i]))})"
 
-        corrupt = f"the data is corrupt, {shards.fix if shards is not None else 're-create it'}."
+        corrupt = f"the data is corrupt, {shards.fix if shards is not None else 're-create it.'}"
 
         def first(bad: npt.NDArray[np.bool_]) -> int | None:
             hits = np.flatnonzero(bad)

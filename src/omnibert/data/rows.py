@@ -64,7 +64,8 @@ class ShardMap:
 
     @property
     def fix(self) -> str:
-        return f"repair it with: {self.repair}" if self.repair else "re-create it"
+        """The end of a sentence: the repair command last (no full stop to copy with it)."""
+        return f"repair it with: {self.repair}" if self.repair else "re-create it."
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,6 @@ class ArrowRows(torch.utils.data.Dataset[dict[str, Any]]):
                 f"reading dataset rows {idx[:4].tolist()}{'...' if idx.size > 4 else ''} "
                 f"{f'({where}) ' if where else ''}failed ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); the data is damaged, "
-                f"{self.shards.fix if self.shards else 're-create it'}."
+                f"{self.shards.fix if self.shards else 're-create it.'}"
             ) from err
         return RowBlock(idx, table, sizes, self.shards)
