@@ -69,3 +69,50 @@ class SlowUntilResumed(pl.Callback):
             import time
 
             time.sleep(self.seconds)
+
+
+# ------------------------------------------------------------------ damaged shards
+
+
+def truncate(path: Any, keep: float = 0.5) -> None:
+    """Cut an Arrow file short (an interrupted copy)."""
+    with open(path, "r+b") as handle:
+        handle.truncate(int(handle.seek(0, os.SEEK_END) * keep))
+
+
+def overwrite_bytes(path: Any, count: int = 16) -> None:
+    """Overwrite ``count`` bytes in the middle of a file, keeping its size (a bad disk)."""
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(size // 2)
+        old = handle.read(count)
+        handle.seek(size // 2)
+        handle.write(bytes(b ^ 0xFF for b in old))
+
+
+def damage_masked_positions(path: Any, value: int = 60000) -> None:
+    """Rewrite an Arrow stream file with every masked position set to ``value``: the same
+    size and row counts (rewriting it unchanged gives the same bytes), rows that no batch
+    can hold."""
+    import numpy as np
+    import pyarrow as pa
+
+    with pa.OSFile(str(path)) as source:  # a copy in memory: the file is rewritten below
+        reader = pa.ipc.open_stream(source)
+        schema, batches = reader.schema, list(reader)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            column = batch.column("masked_lm_positions")
+            values = pa.array(
+                np.full(len(column.values), value, dtype=np.uint16), type=column.type.value_type
+            )
+            damaged = pa.ListArray.from_arrays(column.offsets, values)
+            writer.write_batch(
+                pa.RecordBatch.from_arrays(
+                    [
+                        damaged if n == "masked_lm_positions" else batch.column(n)
+                        for n in schema.names
+                    ],
+                    schema=schema,
+                )
+            )

@@ -148,7 +148,15 @@ def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    small, large = (json.loads((sweep / n / "compile_report.json").read_text()) for n in "01")
+    # one directory per job, named after its overrides (conf/hydra/default.yaml)
+    small, large = (
+        json.loads(
+            (sweep / f"compile_only=True,data.num_workers=0,experiment=smoke,micro_batch_size={n}")
+            .joinpath("compile_report.json")
+            .read_text()
+        )
+        for n in (2, 4)
+    )
     assert small["batch"]["micro_batch_size"] == 2 and large["batch"]["micro_batch_size"] == 4
     assert small["batch"]["accumulate_grad_batches"] == 4
     assert large["batch"]["accumulate_grad_batches"] == 2

@@ -119,6 +119,16 @@ def test_check_refuses_directory_without_metadata(data: dict[str, Path], tmp_pat
     shutil.copytree(data["train"], broken)
     for arrow in broken.glob("*.arrow"):
         arrow.write_bytes(b"not arrow")
+    with pytest.raises(
+        DataConfigError,
+        match=r"data\.train_path=.*broken: data-00000-00000.arrow has 9 bytes instead of [\d,]+, "
+        r"so the data is damaged; repair it with: omnibert-prepare ",
+    ):
+        module(data, train_path=str(broken)).check()
+    # data written before omnibert-prepare recorded its files: the load itself fails
+    meta = json.loads((broken / "metadata.json").read_text())
+    del meta["files"]
+    (broken / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(DataConfigError, match=r"data\.train_path=.*broken: the Arrow shards"):
         module(data, train_path=str(broken)).check()
 

@@ -103,8 +103,31 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(
     assert again.already_complete
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     other = InstanceSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
-    with pytest.raises(PrepareError, match="already holds data prepared from other inputs"):
+    with pytest.raises(
+        PrepareError,
+        match=r"already holds data prepared from other inputs or settings \(max_seq_length=128 "
+        r"there, 64 now\); choose another output_dir or pass overwrite=true",
+    ):
         prepare([str(inputs[1])], bert_vocab_file, out, other, progress=False)
+    # which input file differs, old vs new
+    with pytest.raises(PrepareError, match=r"\(input_files names 2 files, the data there was made"):
+        prepare([str(inputs[1]), str(inputs[0])], bert_vocab_file, out, SETTINGS_128)
+    with pytest.raises(PrepareError, match=r"\(input file 1, .*wiki_like.txt, is not .*single_doc"):
+        prepare([str(inputs[0])], bert_vocab_file, out, SETTINGS_128)
+    changed = Path(str(inputs[1]) + ".copy")
+    shutil.copyfile(inputs[1], changed)
+    inputs[1].write_text(inputs[1].read_text() + "\nA new document.\n")
+    with pytest.raises(
+        PrepareError, match=r"\(input file 1, .*single_doc.txt, changed since there"
+    ):
+        prepare([str(inputs[1])], bert_vocab_file, out, SETTINGS_128)
+    shutil.copyfile(changed, inputs[1])
+    other_vocab = Path(str(changed) + ".vocab.txt")
+    other_vocab.write_text(bert_vocab_file.read_text(encoding="utf-8") + "extra\n", "utf-8")
+    with pytest.raises(
+        PrepareError, match=r"\(vocab_file .*vocab.txt \(sha256 \w{12}\) is not the"
+    ):
+        prepare([str(inputs[1])], other_vocab, out, SETTINGS_128)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing lost
     prepare([str(inputs[1])], bert_vocab_file, out, other, overwrite=True, progress=False)
     assert json.loads((out / "metadata.json").read_text())["settings"]["max_seq_length"] == 64
@@ -253,3 +276,105 @@ def test_app_reads_wikiextractor_output(bert_vocab_file: Path, tmp_path: Path) -
     prepare([str(text)], bert_vocab_file, tmp_path / "text", settings, progress=False)
     from_wiki = datasets.load_from_disk(str(tmp_path / "wiki")).to_list()
     assert from_wiki and from_wiki == datasets.load_from_disk(str(tmp_path / "text")).to_list()
+
+
+@pytest.mark.parametrize("eval_samples", [None, 5])
+def test_files_without_documents_are_skipped_and_counted(
+    inputs: list[Path],
+    bert_vocab_file: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    eval_samples: int | None,
+) -> None:
+    # the reference (tests/fixtures: create_training_instances) makes no instance from them
+    empty, nul = tmp_path / "empty.txt", tmp_path / "nul.txt"
+    empty.write_bytes(b"")
+    nul.write_bytes(b"\0\0\n\0\n\n")
+    files = [str(empty), str(inputs[1]), str(nul)]
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="omnibert.prepare"):
+        summary = prepare(
+            files, bert_vocab_file, out, SETTINGS_128, eval_samples=eval_samples, progress=False
+        )
+    warned = [r.getMessage() for r in caplog.records if r.name == "omnibert.prepare"]
+    assert any("empty.txt" in m for m in warned) and any("nul.txt" in m for m in warned)
+    assert [p.input_file for p in summary.skipped] == [str(empty), str(nul)]
+    assert "2 skipped" in summary.render() and "skipped " + str(nul) in summary.render()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["counts"]["skipped_files"] == 2 and meta["counts"]["files"] == 3
+    assert [bool(i.get("skipped")) for i in meta["inputs"]] == [True, False, True]
+    alone = tmp_path / "alone"
+    prepare(
+        [str(inputs[1])],
+        bert_vocab_file,
+        alone,
+        SETTINGS_128,
+        eval_samples=eval_samples,
+        progress=False,
+    )
+    rows = datasets.load_from_disk(str(out)).to_list()
+    assert rows and rows == datasets.load_from_disk(str(alone)).to_list()
+
+
+def test_only_empty_files_are_refused(bert_vocab_file: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(PrepareError, match=r"no input file gives any instance \(.*empty.txt"):
+        prepare([str(empty)], bert_vocab_file, tmp_path / "out", SETTINGS_128, progress=False)
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_shortfalls_are_said_and_recorded(
+    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omnibert.apps.prepare import run
+    from omnibert.tokenization.vocab import Vocab
+
+    # an eval set asked for more rows than its text gives
+    out = tmp_path / "eval"
+    summary = prepare(
+        [str(inputs[1])], bert_vocab_file, out, SETTINGS_128, eval_samples=1000, progress=False
+    )
+    rows = summary.instances
+    assert 0 < rows < 1000
+    note = f"eval_samples=1,000 asked, {rows:,} kept: the input files give only {rows:,} instances"
+    assert f"note: {note}" in summary.render()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert (
+        meta["shortfalls"]
+        == [
+            {
+                "key": "eval_samples",
+                "requested": 1000,
+                "produced": rows,
+                "message": meta["shortfalls"][0]["message"],
+            }
+        ]
+        and note in meta["shortfalls"][0]["message"]
+    )
+    # a trained vocab smaller than asked
+    vocab = tmp_path / "vocab.txt"
+    overrides = [f"input_files=[{REFERENCE / 'tiny_docs.txt'}]", f"vocab_file={vocab}"]
+    overrides += [f"output_dir={tmp_path / 'data'}", "train_vocab.enabled=true"]
+    run(_compose([*overrides, "train_vocab.vocab_size=5000", "dupe_factor=1", "progress=false"]))
+    size = Vocab.from_file(vocab).size
+    assert size < 5000
+    printed = capsys.readouterr().out
+    assert (
+        f"note: train_vocab.vocab_size=5,000 asked, {size:,} tokens trained: no further pair"
+        in (printed)
+    )
+    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
+    assert [(s["key"], s["requested"], s["produced"]) for s in meta["shortfalls"]] == [
+        ("train_vocab.vocab_size", 5000, size)
+    ]
+    # nothing said when everything asked was produced
+    full = prepare(
+        [str(inputs[1])],
+        bert_vocab_file,
+        tmp_path / "full",
+        SETTINGS_128,
+        eval_samples=5,
+        progress=False,
+    )
+    assert full.shortfalls == [] and "note:" not in full.render()

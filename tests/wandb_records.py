@@ -81,13 +81,17 @@ def _finished(path: Path) -> bool:
     return False
 
 
-def offline_runs(log_dir: Path, wait_s: float = 120.0) -> list[dict[str, Any]]:
+def offline_runs(log_dir: Path, wait_s: float = 900.0) -> list[dict[str, Any]]:
     """Every offline run under ``<log_dir>/wandb``, oldest first, each read once W&B's core
-    has written its ``exit`` record (``Run.finish`` returns before the file is complete)."""
+    has written its ``exit`` record (``Run.finish`` returns before the file is complete; on
+    a loaded machine the core can take minutes, hence the generous bound, which only a
+    core that never finishes reaches)."""
     import time
 
     files = sorted((log_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert files, f"no offline W&B run under {log_dir / 'wandb'}"
     deadline = time.monotonic() + wait_s
-    while not all(_finished(f) for f in files) and time.monotonic() < deadline:
+    while not all(_finished(f) for f in files):
+        assert time.monotonic() < deadline, f"W&B never finished writing {files}"
         time.sleep(0.2)
     return [read_run(f) for f in files]

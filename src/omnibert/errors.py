@@ -15,7 +15,30 @@ from contextlib import contextmanager
 
 
 class UserError(ValueError):
-    """A problem the user can fix: the message names the key or file and the fix."""
+    """A problem the user can fix: the message names the key or file and the fix.
+
+    Raised in a DataLoader worker process, it reaches the training process re-created by
+    torch with the worker's whole traceback as its message; the original sentence is
+    recovered from that text, so the apps still print one line.
+    """
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(_unwrap_worker_message(type(self), message), *args)
+
+
+def _unwrap_worker_message(cls: type, message: object) -> object:
+    """The sentence of a :class:`UserError` that ``torch.utils.data`` re-raised from a
+    loader worker as ``Caught <Error> in DataLoader worker process N.\nOriginal Traceback
+    ...\n<module>.<Error>: <sentence>`` (``torch._utils.ExceptionWrapper.reraise``)."""
+    if not isinstance(message, str) or not message.startswith(f"Caught {cls.__name__} "):
+        return message
+    where = message.split("\n", 1)[0].removeprefix(f"Caught {cls.__name__} ").rstrip(".")
+    marker = f"{cls.__module__}.{cls.__qualname__}: "
+    at = message.rfind("\n" + marker)
+    if "\nOriginal Traceback" not in message or at < 0:
+        return message
+    sentence = message[at + 1 + len(marker) :].strip().split("\n", 1)[0]
+    return f"{where}: {sentence}"  # first: a command ending the sentence stays last
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 
@@ -55,6 +56,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    preflight("omnibert-eval", "eval", ())  # `out` is a file: its folder is made on write
     _hydra_main()
 
 

@@ -7,18 +7,23 @@ Google / MLPerf TensorFlow 1 checkpoint with its ``bert_config.json``),
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.errors import exit_on
 from omnibert.models import BertForPreTraining
+from omnibert.paths import check_writable_dir
+from omnibert.tokenization.vocab import sha256_file
 
 register()
 
@@ -42,19 +47,13 @@ def _omnibert_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
     hint = checkpoint_hint(cfg.ckpt)
     if hint is not None:
         raise ConversionError(f"ckpt={cfg.ckpt} is not a checkpoint; {hint}.")
-    if Path(cfg.ckpt).is_dir():
-        raise ConversionError(
-            f"ckpt={cfg.ckpt} is a directory; pass a .ckpt file written by omnibert-train or the "
-            "prefix of a TensorFlow checkpoint (the path of its .index without .index)."
-        )
     if cfg.bert_config is not None:
         raise ConversionError(
             f"bert_config= applies to TensorFlow checkpoints only and ckpt={cfg.ckpt} is not "
             "one (no .index file); drop bert_config= or pass the TF checkpoint's prefix."
         )
     model, hparams = model_from_pretraining_checkpoint(cfg.ckpt)
-    vocab_file = cfg.vocab_file if cfg.vocab_file is not None else hparams.get("vocab_file")
-    return model, vocab_file
+    return model, checked_vocab(cfg.ckpt, cfg.vocab_file, hparams)
 
 
 def run(cfg: DictConfig) -> None:
@@ -64,6 +63,7 @@ def run(cfg: DictConfig) -> None:
             f"{', '.join(missing)} must be set, e.g. omnibert-export "
             "ckpt=outputs/run/checkpoints/last.ckpt out=exports/run"
         )
+    check_writable_dir(cfg.out, "out")
     tf1 = is_tf1_checkpoint(cfg.ckpt)
     model, vocab_file = _tf1_model(cfg) if tf1 else _omnibert_model(cfg)
     if vocab_file is None:
@@ -81,6 +81,35 @@ def run(cfg: DictConfig) -> None:
     )
 
 
+def checked_vocab(ckpt: str, given: str | None, hparams: dict[str, Any]) -> str:
+    """The vocab.txt to export: ``vocab_file=`` or the one the checkpoint was trained with,
+    whose sha256 (recorded by the task) must still be the file's."""
+    recorded, sha = hparams.get("vocab_file"), hparams.get("vocab_sha256")
+    vocab_file = given if given is not None else recorded
+    if vocab_file is None:
+        raise ConversionError(
+            f"checkpoint {ckpt} records no vocab_file; pass vocab_file= with the vocab.txt "
+            "the model was trained with."
+        )
+    if sha is None or not Path(vocab_file).is_file():
+        return str(vocab_file)  # an older checkpoint; export_hf says when the file is missing
+    now = sha256_file(vocab_file)
+    if now == sha:
+        return str(vocab_file)
+    if given is None:
+        raise ConversionError(
+            f"vocab file {vocab_file} changed since checkpoint {ckpt} was trained with it "
+            f"(sha256 {sha[:12]} then, {now[:12]} now); pass vocab_file= with the vocab.txt "
+            "the model was trained with."
+        )
+    print(
+        f"omnibert-export: note: vocab_file={given} is not the vocab checkpoint {ckpt} was "
+        f"trained with ({recorded}, sha256 {sha[:12]}; this one {now[:12]}); exporting it.",
+        file=sys.stderr,
+    )
+    return str(vocab_file)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def _hydra_main(cfg: DictConfig) -> None:
     with exit_on("omnibert-export"):
@@ -88,6 +117,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    preflight("omnibert-export", "export", ("out",))
     _hydra_main()
 
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.data.pack_index import PackIndex, PackIndexError
 from omnibert.errors import exit_on
+from omnibert.paths import check_writable_dir
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pack_index import build_pack_index, check_pack_settings
 from omnibert.prepare.pipeline import PrepareError, expand_input_files, prepare
@@ -37,6 +40,7 @@ def run(cfg: DictConfig) -> None:
                     "output_dir must be set to pack existing data, e.g. omnibert-prepare "
                     "output_dir=outputs/demo/train pack.enabled=true."
                 )
+            check_writable_dir(cfg.output_dir, "output_dir")
             _pack(cfg)
             return
     if missing:
@@ -58,8 +62,11 @@ def run(cfg: DictConfig) -> None:
         if OmegaConf.is_list(cfg.input_files)
         else cfg.input_files
     )
+    check_writable_dir(cfg.output_dir, "output_dir")
     vocab_file = Path(cfg.vocab_file)
+    shortfalls: list[dict[str, Any]] = []  # what was produced short of what was asked
     if not vocab_file.exists() and cfg.train_vocab.enabled:
+        check_writable_dir(vocab_file.parent, "vocab_file")
         from omnibert.prepare.vocab_training import train_wordpiece_vocab
 
         paths = expand_input_files(input_files)  # type: ignore[arg-type]
@@ -68,13 +75,16 @@ def run(cfg: DictConfig) -> None:
             cfg.train_vocab.vocab_size,
             len(paths),
         )
-        train_wordpiece_vocab(
+        trained = train_wordpiece_vocab(
             paths,
             vocab_file,
             vocab_size=cfg.train_vocab.vocab_size,
             do_lower_case=cfg.do_lower_case,
             min_frequency=cfg.train_vocab.min_frequency,
         )
+        print(f"trained {trained}", flush=True)
+        if trained.shortfall is not None:
+            shortfalls.append(trained.shortfall)
     summary = prepare(
         input_files,  # type: ignore[arg-type]
         vocab_file,
@@ -87,6 +97,7 @@ def run(cfg: DictConfig) -> None:
         overwrite=cfg.overwrite,
         max_shard_size=cfg.max_shard_size,
         progress=cfg.progress,
+        shortfalls=shortfalls,
     )
     print(summary.render())
     if cfg.pack.enabled:
@@ -143,6 +154,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    preflight("omnibert-prepare", "prepare", ("output_dir",))
     _hydra_main()
 
 

@@ -17,10 +17,14 @@ import hydra
 from omegaconf import DictConfig
 
 from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 
 register()
+
+#: the directories a run writes, checked before Hydra creates its run directory in them
+OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir")
 
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
@@ -135,6 +139,7 @@ def final_mlm_accuracy(summary: dict[str, Any]) -> float | None:
 
 
 def main() -> None:
+    preflight("omnibert-train", "pretrain", OUTPUT_KEYS)
     _hydra_main()
 
 

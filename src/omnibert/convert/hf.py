@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -244,11 +245,42 @@ def export_hf(
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "model.safetensors", out / "config.json"]
     save_file(tensors, str(written[0]), metadata={"format": "pt"})
+    os.chmod(written[0], 0o666 & ~_umask())  # safetensors writes 0600; like the others
     written[1].write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
     if vocab_path is not None:
         written.append(out / "vocab.txt")
         shutil.copyfile(vocab_path, written[-1])
     return written
+
+
+def _directory_message(path: Path) -> str:
+    """What to pass instead of a directory: the checkpoints in it (or its checkpoints/)."""
+    found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+    if not found:
+        return (
+            f"ckpt={path} is a directory and holds no .ckpt file; pass ckpt= with a checkpoint "
+            "file, e.g. <run>/checkpoints/last.ckpt."
+        )
+    best = next((f for f in found if f.name == "last.ckpt"), found[-1])
+    names = ", ".join(str(f.relative_to(path)) for f in found[:8])
+    more = ", ..." if len(found) > 8 else ""
+    return (
+        f"ckpt={path} is a directory; pass one checkpoint file in it, e.g. ckpt={best} "
+        f"(it holds {names}{more})."
+    )
+
+
+def _umask() -> int:
+    """The process umask (Linux reads it without changing it; elsewhere set and restore)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def load_pretraining_checkpoint(
@@ -260,6 +292,8 @@ def load_pretraining_checkpoint(
     and ``state_dict`` keys ``'model.' + <parameter name>``.
     """
     path = Path(ckpt_path)
+    if path.is_dir():
+        raise ConversionError(_directory_message(path))
     if not path.is_file():
         raise ConversionError(f"checkpoint {path} does not exist; pass ckpt= with a .ckpt file.")
     try:

@@ -36,7 +36,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
-from omnibert.errors import UserError
+from omnibert.data.rows import ArrowRows, CollateError, RowBlock, ShardMap, flatten_packs
 from omnibert.models.bert import BATCH_KEYS
 
 __all__ = [
@@ -57,61 +57,6 @@ _TORCH_DTYPES: dict[type[np.generic], torch.dtype] = {
     np.int64: torch.int64,
     np.float32: torch.float32,
 }
-
-
-class CollateError(UserError):
-    """A row does not fit the batch settings; the message names the row and the fix."""
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """Rows fetched in one Arrow ``take``: ``indices[i]`` is the dataset index of row i.
-
-    ``pack_sizes`` (packed batches): the rows are sequences listed pack by pack, pack j
-    holding the next ``pack_sizes[j]`` of them; ``None``: every row is its own pack.
-    """
-
-    indices: IntArray
-    table: pa.Table
-    pack_sizes: IntArray | None = None
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-def flatten_packs(indices: Sequence[Any]) -> tuple[IntArray, IntArray | None]:
-    """A batch sampler's item → (flat dataset indices, sizes of the packs or ``None``).
-
-    A list of ints is a batch of unpacked rows; a list of lists of ints is a batch of packs.
-    """
-    if len(indices) and isinstance(indices[0], (list, tuple, np.ndarray)):
-        sizes = np.fromiter((len(pack) for pack in indices), dtype=np.int64, count=len(indices))
-        flat = np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in indices])
-        return flat, sizes
-    return np.asarray(indices, dtype=np.int64).reshape(-1), None
-
-
-class ArrowRows(torch.utils.data.Dataset[dict[str, Any]]):
-    """A map-style dataset over a Hugging Face ``datasets.Dataset`` of unpadded rows whose
-    ``__getitems__`` (what the DataLoader calls with a batch of indices) returns a
-    :class:`RowBlock` from one Arrow gather instead of building a Python dict per row.
-    Picklable: a memory-mapped dataset pickles as its file paths."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-        self._arrow = dataset.with_format("arrow")
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        row: dict[str, Any] = self.dataset[int(index)]
-        return row
-
-    def __getitems__(self, indices: Sequence[Any]) -> RowBlock:
-        """Rows ``indices`` (ints), or the sequences of a batch of packs (lists of ints)."""
-        idx, sizes = flatten_packs(indices)
-        return RowBlock(idx, self._arrow[idx.tolist()] if idx.size else self._arrow[0:0], sizes)
 
 
 def _ragged_from_arrow(column: pa.ChunkedArray | pa.Array) -> tuple[IntArray, IntArray]:
@@ -267,11 +212,12 @@ class PretrainingCollator:
         pack_sizes: IntArray | None = None
         if isinstance(rows, RowBlock):
             indices: IntArray | None = rows.indices
+            shards = rows.shards
             ragged = {k: _ragged_from_arrow(rows.table.column(k)) for k in ROW_KEYS}
             labels = np.asarray(rows.table.column(LABEL_KEY).to_numpy(), dtype=np.int64)
             pack_sizes = rows.pack_sizes
         else:
-            indices = None
+            indices, shards = None, None
             ragged = {k: _ragged_from_rows(rows, k) for k in ROW_KEYS}
             labels = np.fromiter((int(r[LABEL_KEY]) for r in rows), np.int64, count=len(rows))
         if pack_sizes is None:
@@ -289,7 +235,7 @@ class PretrainingCollator:
                 "must not yield more rows than the collator's batch_size."
             )
         seq_lengths, mlm_counts = ragged["input_ids"][1], ragged["masked_lm_positions"][1]
-        self._validate(ragged, labels, indices)
+        self._validate(ragged, labels, indices, shards)
         layout = _Layout.of(pack_sizes, seq_lengths, mlm_counts)
         self._validate_packs(layout, indices, pack_sizes)
 
@@ -345,8 +291,10 @@ class PretrainingCollator:
         ragged: Mapping[str, tuple[IntArray, IntArray]],
         labels: IntArray,
         indices: IntArray | None,
+        shards: ShardMap | None = None,
     ) -> None:
-        """Raise :class:`CollateError` for the first sequence that breaks the settings."""
+        """Raise :class:`CollateError` for the first sequence that breaks the settings,
+        naming its dataset row and, when ``shards`` is known, its Arrow file and row there."""
         s, p = self.max_seq_length, self.max_predictions_per_seq
         seq_lengths = ragged["input_ids"][1]
         mlm_counts = ragged["masked_lm_positions"][1]
@@ -354,7 +302,11 @@ class PretrainingCollator:
         def name(i: int) -> str:
             if indices is None:
                 return f"row {i} of the batch"
-            return f"row {int(indices[i])} of the dataset"
+            if shards is None:
+                return f"row {int(indices[i])} of the dataset"
+            return f"row {int(indices[i])} of the dataset ({shards.locate(int(indices[i]))})"
+
+        corrupt = f"the data is corrupt, {shards.fix if shards is not None else 're-create it.'}"
 
         def first(bad: npt.NDArray[np.bool_]) -> int | None:
             hits = np.flatnonzero(bad)
@@ -378,7 +330,7 @@ class PretrainingCollator:
             if (i := first(ragged[key][1] != like)) is not None:
                 raise CollateError(
                     f"{name(i)} has {int(ragged[key][1][i])} {key} for {int(like[i])} {what}; "
-                    "the data is corrupt, re-create it."
+                    + corrupt
                 )
         positions = ragged["masked_lm_positions"][0]
         if positions.size:
@@ -388,10 +340,9 @@ class PretrainingCollator:
                 i = int(row_of[j])
                 raise CollateError(
                     f"{name(i)} masks position {int(positions[j])}, outside its "
-                    f"{int(seq_lengths[i])} tokens; the data is corrupt, re-create it."
+                    f"{int(seq_lengths[i])} tokens; " + corrupt
                 )
         if (i := first((labels < 0) | (labels > 1))) is not None:
             raise CollateError(
-                f"{name(i)} has next_sentence_label={int(labels[i])}, not 0 or 1; the data is "
-                "corrupt, re-create it."
+                f"{name(i)} has next_sentence_label={int(labels[i])}, not 0 or 1; " + corrupt
             )

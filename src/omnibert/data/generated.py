@@ -24,7 +24,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
-from omnibert.data.collate import RowBlock, flatten_packs
+from omnibert.data.rows import RowBlock, flatten_packs
 from omnibert.data.sources import DataConfigError, RowSource, RowSpec
 
 __all__ = ["GeneratedRows", "GeneratedSource"]

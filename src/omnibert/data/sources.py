@@ -19,7 +19,6 @@ needs), and hands out map-style datasets whose ``__getitems__`` returns a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,25 +27,34 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
-from omnibert.data.collate import ArrowRows
-from omnibert.data.schema import COLUMNS, FORMAT_NAME, METADATA_FILE
-from omnibert.errors import UserError
+from omnibert.data.checks import (
+    COMPARED,
+    DataConfigError,
+    Split,
+    check_files,
+    check_widths,
+    compare_splits,
+    load_arrow,
+    read_metadata,
+    read_vocab,
+    split_repair_command,
+)
+from omnibert.data.rows import ArrowRows, ShardMap
 
-__all__ = ["ArrowSource", "DataConfigError", "RowSource", "RowSpec"]
+__all__ = [
+    "COMPARED",
+    "ArrowSource",
+    "DataConfigError",
+    "RowSource",
+    "RowSpec",
+    "Split",
+    "check_widths",
+    "compare_splits",
+    "load_arrow",
+    "read_metadata",
+]
 
 Ints = npt.NDArray[np.int64]
-# settings that must agree between the train and the eval set (when both record them)
-COMPARED = (
-    "max_seq_length",
-    "max_predictions_per_seq",
-    "masked_lm_prob",
-    "do_lower_case",
-    "do_whole_word_mask",
-)
-
-
-class DataConfigError(UserError):
-    """The data configuration cannot work; the message names the key/path and the fix."""
 
 
 @dataclass(frozen=True)
@@ -125,107 +133,6 @@ class RowSource:
         raise NotImplementedError
 
 
-def read_metadata(key: str, path: str) -> dict[str, Any]:
-    """``metadata.json`` of a finished omnibert-prepare directory (``key`` names the setting)."""
-    meta_path = Path(path) / METADATA_FILE
-    if not Path(path).is_dir() or not meta_path.is_file():
-        raise DataConfigError(
-            f"{key}={path} is not an omnibert-prepare output directory (no metadata.json; an "
-            f"interrupted omnibert-prepare leaves none); run omnibert-prepare into it or fix {key}."
-        )
-    try:
-        meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DataConfigError(
-            f"{meta_path} cannot be read ({err}); re-run omnibert-prepare into {path}."
-        ) from err
-    if meta.get("format") != FORMAT_NAME:
-        raise DataConfigError(
-            f"{meta_path} has format={meta.get('format')!r}, not {FORMAT_NAME!r}; point "
-            f"{key} at an omnibert-prepare output directory."
-        )
-    return meta
-
-
-def read_vocab(path: str) -> tuple[str, int]:
-    """(sha256, size) of a vocab.txt (``data.vocab_file``)."""
-    from omnibert.tokenization.vocab import Vocab, VocabError
-
-    try:
-        vocab = Vocab.from_file(path)
-    except VocabError as err:
-        raise DataConfigError(f"data.vocab_file: {err}") from err
-    return vocab.sha256, vocab.size
-
-
-def check_widths(key: str, path: str, settings: dict[str, Any], spec: RowSpec) -> None:
-    """The data's row width and masked positions must be the run's (``phase.*``)."""
-    for name in ("max_seq_length", "max_predictions_per_seq"):
-        have, want = settings.get(name), getattr(spec, name)
-        if have is not None and want is not None and have != want:
-            raise DataConfigError(
-                f"{key}={path} was prepared with {name}={have} but phase.{name} "
-                f"(data.{name}) is {want}; set phase.{name}={have} or use data prepared "
-                f"with {name}={want}."
-            )
-
-
-@dataclass
-class Split:
-    """One checked set of rows (train or eval)."""
-
-    key: str  # config key, e.g. "data.train_path"
-    path: str
-    arrow_dir: str
-    metadata: dict[str, Any] | None = None  # metadata.json once the Arrow data exists
-    rows: int | None = None
-    files: tuple[str, ...] = ()  # TFRecord / HDF5 inputs of a converted source
-
-
-def compare_splits(train: Split, other: Split) -> None:
-    """Train and eval sets must be prepared alike (settings and vocab)."""
-    a, b = (s.metadata or {} for s in (train, other))
-    for name in COMPARED:
-        x, y = a.get("settings", {}).get(name), b.get("settings", {}).get(name)
-        if x is not None and y is not None and x != y:
-            raise DataConfigError(
-                f"{other.key}={other.path} was prepared with {name}={y} but "
-                f"{train.key}={train.path} with {name}={x}; prepare both with the same settings."
-            )
-    x, y = (m.get("vocab", {}).get("sha256") for m in (a, b))
-    if x and y and x != y:
-        raise DataConfigError(
-            f"{other.key}={other.path} and {train.key}={train.path} were prepared with different "
-            "vocab files (metadata.json vocab.sha256); prepare both with the same vocab.txt."
-        )
-
-
-def load_arrow(split: Split) -> Any:
-    """The split's Arrow rows, memory-mapped, checked against its metadata.json."""
-    import datasets
-
-    try:
-        dataset = datasets.load_from_disk(split.arrow_dir)
-    except Exception as err:  # datasets raises many types for broken directories
-        raise DataConfigError(
-            f"{split.key}={split.path}: the Arrow shards cannot be loaded ({type(err).__name__}: "
-            f"{err}); re-run omnibert-prepare into it."
-        ) from err
-    missing = [c for c in COLUMNS if c not in dataset.column_names]
-    if missing or not isinstance(dataset, datasets.Dataset):
-        raise DataConfigError(
-            f"{split.key}={split.path} lacks the columns {missing}; it is not omnibert "
-            "pretraining data, re-run omnibert-prepare into it."
-        )
-    expected = (split.metadata or {}).get("counts", {}).get("instances")
-    if expected is not None and expected != len(dataset):
-        raise DataConfigError(
-            f"{split.key}={split.path} holds {len(dataset)} rows but its metadata.json says "
-            f"{expected}; the shards were altered, re-run omnibert-prepare into it."
-        )
-    return dataset
-
-
 class ArrowSource(RowSource):
     """``omnibert-prepare`` output directories.
 
@@ -235,6 +142,8 @@ class ArrowSource(RowSource):
         vocab_file: the vocab.txt the data was prepared with (its sha256 is checked against
             metadata.json); ``None``: trust the metadata.
         eval_samples: evaluate only the first N eval rows (MLPerf: 10000); ``None``: all.
+        verify_checksums: also check every Arrow file's CRC-32C against metadata.json at
+            start (reads all the data once); sizes and row counts are always checked.
     """
 
     format = "arrow"
@@ -245,8 +154,10 @@ class ArrowSource(RowSource):
         eval_path: str | None = None,
         vocab_file: str | None = None,
         eval_samples: int | None = None,
+        verify_checksums: bool = False,
     ) -> None:
         self.train_path = None if train_path is None else str(train_path)
+        self.verify_checksums = verify_checksums
         self.eval_path = None if eval_path is None else str(eval_path)
         self._vocab_file = None if vocab_file is None else str(vocab_file)
         self.eval_samples = eval_samples
@@ -285,6 +196,7 @@ class ArrowSource(RowSource):
         if self.found_shape is None and "max_seq_length" in settings:
             self.found_shape = (settings["max_seq_length"], settings["max_predictions_per_seq"])
         self.check_vocab(split)
+        check_files(split, self.verify_checksums)
         name = "train" if key.endswith("train_path") else "eval"
         self._datasets[name] = load_arrow(split)
         split.rows = len(self._datasets[name])
@@ -319,7 +231,9 @@ class ArrowSource(RowSource):
         return self._datasets[name]
 
     def rows(self, split: str) -> Dataset[Any]:
-        return ArrowRows(self.load(split))
+        dataset, checked = self.load(split), self.splits[split]
+        records = (checked.metadata or {}).get("files")
+        return ArrowRows(dataset, ShardMap.of(dataset, records, split_repair_command(checked)))
 
     @property
     def num_train_samples(self) -> int:

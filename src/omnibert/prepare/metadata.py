@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,22 +59,96 @@ class PrepareSummary:
     resumed_files: int = 0
     already_complete: bool = False
     parts: list[PartStats] = field(default_factory=list)
+    #: Arrow files found damaged in a finished directory and regenerated
+    repaired: list[str] = field(default_factory=list)
+    #: what was produced short of what was asked, and why (also in metadata.json)
+    shortfalls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def skipped(self) -> list[PartStats]:
+        return [p for p in self.parts if p.instances == 0]
+
     def render(self) -> str:
         if self.already_complete:
             return (
-                f"{self.output_dir} already holds this data (metadata.json matches); nothing to do."
+                f"{self.output_dir} already holds this data (metadata.json matches and every "
+                "Arrow file's size and CRC-32C are as recorded); nothing to do."
             )
-        return (
+        if self.repaired:
+            inputs = ", ".join(p.input_file for p in self.parts)
+            return (
+                f"repaired {self.output_dir}: regenerated {', '.join(self.repaired)} from "
+                f"{inputs} in {self.seconds:.1f} s; the other files were intact"
+            )
+        lines = [
             f"prepared {self.output_dir}: {self.files} file{'s' if self.files != 1 else ''} "
-            f"({self.resumed_files} resumed), "
+            f"({self.resumed_files} resumed, {len(self.skipped)} skipped), "
             f"{self.documents:,} documents, {self.instances:,} instances, {self.tokens:,} tokens "
             f"in {self.seconds:.1f} s ({self.tokens_per_second:,.0f} tokens/s)"
-        )
+        ]
+        lines += [f"  skipped {p.input_file}: {skip_reason(p)}" for p in self.skipped]
+        lines += [f"  note: {note['message']}" for note in self.shortfalls]
+        return "\n".join(lines)
+
+
+def skip_reason(part: PartStats) -> str:
+    """Why an input file gave no rows (the reference makes no instances from it either)."""
+    if part.documents == 0:
+        return "it holds no documents (empty, or no line with a token); no instances from it"
+    return "its documents give no instances"
+
+
+def eval_shortfall(eval_samples: int | None, rows: int) -> list[dict[str, Any]]:
+    """A shortfall note when an eval set keeps fewer rows than ``eval_samples`` asks."""
+    if eval_samples is None or rows >= eval_samples:
+        return []
+    return [
+        {
+            "key": "eval_samples",
+            "requested": eval_samples,
+            "produced": rows,
+            "message": (
+                f"eval_samples={eval_samples:,} asked, {rows:,} kept: the input files give "
+                f"only {rows:,} instances; add input text to reach {eval_samples:,}"
+            ),
+        }
+    ]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The settings of a run besides the reference's instance flags."""
+
+    do_lower_case: bool
+    input_format: str
+    eval_samples: int | None
+    max_shard_size: str | int
+
+
+def identity_of(
+    settings: InstanceSettings,
+    options: RunOptions,
+    vocab: Vocab,
+    paths: Sequence[Path],
+    hashes: Sequence[str],
+    patterns: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The settings, vocab and inputs entries of ``metadata.json`` and ``input_files`` as
+    given (a glob stays a glob), all with absolute paths so a repair command works from
+    anywhere and stays short."""
+    return {
+        "input_files": [os.path.join(os.getcwd(), p) for p in patterns],
+        "settings": {**asdict(settings), **asdict(options)},
+        "vocab": {"path": str(Path(vocab.path).absolute()), "sha256": vocab.sha256},
+        "inputs": [
+            {"input_file": str(path.absolute()), "sha256": sha}
+            for path, sha in zip(paths, hashes, strict=True)
+        ],
+    }
 
 
 @dataclass
@@ -137,13 +213,23 @@ def build_metadata(
     parts: list[PartStats],
     settings: InstanceSettings,
     vocab: Vocab,
-    do_lower_case: bool,
+    options: RunOptions,
     fingerprint: str,
-    eval_samples: int | None,
     kept: RowStats,
+    files: list[dict[str, Any]],
+    identity: dict[str, Any],
+    shortfalls: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """``metadata.json``: settings, provenance and the counts/histogram of the rows kept."""
+    """``metadata.json``: settings, provenance, the Arrow files' integrity records, the counts
+    and histogram of the rows kept and what was produced short of what was asked."""
     histogram = kept.histogram
+    inputs = []
+    for part, entry in zip(parts, identity["inputs"], strict=True):
+        record = {k: v for k, v in asdict(part).items() if k not in ("length_histogram", "resumed")}
+        record["input_file"] = entry["input_file"]
+        if part.instances == 0:
+            record["skipped"] = skip_reason(part)
+        inputs.append(record)
     return {
         "format": schema.FORMAT_NAME,
         "format_version": schema.FORMAT_VERSION,
@@ -151,22 +237,18 @@ def build_metadata(
         "created_by": f"omnibert {omnibert.__version__}",
         "python": platform.python_version(),
         "command": sys.argv,
-        "settings": {
-            **asdict(settings),
-            "do_lower_case": do_lower_case,
-            "eval_samples": eval_samples,
-        },
-        "vocab": {"path": vocab.path, "sha256": vocab.sha256, "size": vocab.size},
+        "input_files": identity.get("input_files") or [e["input_file"] for e in identity["inputs"]],
+        "settings": identity["settings"],
+        "vocab": {**identity["vocab"], "size": vocab.size},
         "columns": {
             name: str(feature)
             for name, feature in schema.features(vocab.size, settings.max_seq_length).items()
         },
-        "inputs": [
-            {k: v for k, v in asdict(p).items() if k not in ("length_histogram", "resumed")}
-            for p in parts
-        ],
+        "inputs": inputs,
+        "files": files,
         "counts": {
             "files": len(parts),
+            "skipped_files": sum(p.instances == 0 for p in parts),
             "documents": sum(p.documents for p in parts),
             "segments": sum(p.segments for p in parts),
             "text_tokens": sum(p.text_tokens for p in parts),
@@ -176,5 +258,6 @@ def build_metadata(
             "masked": kept.masked,
             "random_next": kept.random_next,
         },
+        "shortfalls": list(shortfalls),
         "sequence_length_histogram": histogram.tolist(),
     }

@@ -10,8 +10,11 @@ Layout of an output directory once it is complete::
 
 While work is in progress each input file's part is built in ``.parts/part-NNNNN.tmp-PID``
 and renamed to ``.parts/part-NNNNN`` only when its Arrow files and ``part.json`` are on disk,
-so a finished part is exactly a directory without ``.tmp`` in its name.  ``metadata.json``
-appears last, by atomic rename: its presence is what marks the directory complete.
+so a finished part is exactly a directory without ``.tmp`` in its name.  ``part.json`` and
+later ``metadata.json["files"]`` hold each Arrow file's integrity record (rows, bytes,
+CRC-32C, source inputs: :mod:`omnibert.data.integrity`); a part whose files do not match it
+is redone.  ``metadata.json`` appears last, by atomic rename: its presence is what marks the
+directory complete.  Input files that give no rows have a part but no Arrow file.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +31,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
+from omnibert.data.integrity import file_problems, file_record
 from omnibert.data.schema import METADATA_FILE
 
 if TYPE_CHECKING:
@@ -89,7 +93,8 @@ def write_part(
     record: dict[str, Any],
     max_shard_size: str | int,
 ) -> Path:
-    """Write one input file's rows as ``.parts/part-{index}``, atomically."""
+    """Write one input file's rows as ``.parts/part-{index}``, atomically; ``part.json``
+    gets ``record`` plus the integrity record of each Arrow file (``files``)."""
     parts = output_dir / PARTS_DIR
     parts.mkdir(parents=True, exist_ok=True)
     final = parts / f"part-{index:05d}"
@@ -99,55 +104,94 @@ def write_part(
     dataset = datasets.Dataset(table, info=datasets.DatasetInfo(features=feats))
     with quiet_datasets():
         dataset.save_to_disk(str(tmp), max_shard_size=max_shard_size)
-    write_json_atomic(tmp / PART_FILE, record)
+    files = [file_record(tmp / name, [index]) for name in _data_files(tmp)]
+    write_json_atomic(tmp / PART_FILE, {**record, "files": files})
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     return final
 
 
+def _data_files(directory: Path) -> list[str]:
+    """The Arrow files ``datasets`` wrote into ``directory``, in row order."""
+    state = json.loads((directory / "state.json").read_text(encoding="utf-8"))
+    return [entry["filename"] for entry in state["_data_files"]]
+
+
+def part_dir(output_dir: Path, index: int) -> Path:
+    return output_dir / PARTS_DIR / f"part-{index:05d}"
+
+
 def read_part_record(output_dir: Path, index: int) -> dict[str, Any] | None:
-    """The ``part.json`` of a finished part, or None when the part is not finished."""
-    part_dir = output_dir / PARTS_DIR / f"part-{index:05d}"
-    path = part_dir / PART_FILE
+    """The ``part.json`` of a finished part whose Arrow files are intact (sizes and CRC-32C
+    as recorded), or None: the part is unfinished, was partly assembled or is damaged."""
+    path = part_dir(output_dir, index) / PART_FILE
     if not path.is_file():
         return None
-    state = json.loads((part_dir / "state.json").read_text(encoding="utf-8"))
-    if not all((part_dir / entry["filename"]).is_file() for entry in state["_data_files"]):
-        return None  # interrupted while being assembled: redo it
     record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    files = record.pop("files", None)
+    if files is None or file_problems(path.parent, files, rows=False, checksums=True):
+        return None  # written by an older version, interrupted while assembled, or damaged
     return record
 
 
+def data_file_name(part: int, k: int) -> str:
+    return f"data-{part:05d}-{k:05d}.arrow"
+
+
+def clear_data_files(output_dir: Path, parts: Sequence[int] | None = None) -> None:
+    """Delete the assembled Arrow files of ``parts`` (all of them with ``None``)."""
+    patterns = ["data-*.arrow"] if parts is None else [f"data-{i:05d}-*.arrow" for i in parts]
+    for pattern in patterns:
+        for path in output_dir.glob(pattern):
+            path.unlink()
+
+
 def assemble(
-    output_dir: Path, num_parts: int, fingerprint: str, keep_rows: int | None = None
-) -> datasets.Dataset:
-    """Move the finished parts' Arrow files into ``output_dir`` and write the ``datasets``
-    state, so ``datasets.load_from_disk(output_dir)`` loads them in part order.  With
-    ``keep_rows`` only the first rows in part order are kept (an eval set).  The directory
-    is not complete until :func:`complete` writes ``metadata.json``."""
-    part_dirs = [output_dir / PARTS_DIR / f"part-{i:05d}" for i in range(num_parts)]
+    output_dir: Path, parts: Sequence[int], keep_rows: int | None = None
+) -> list[dict[str, Any]]:
+    """Move the finished ``parts``' Arrow files into ``output_dir`` (replacing what those
+    parts had there) and return their integrity records; ``keep_rows`` (an eval set): only
+    the first rows of ``parts`` in order, saved anew, replacing every Arrow file. The
+    directory loads once :func:`write_state` lists the files."""
     if keep_rows is not None:
         with quiet_datasets():
-            parts = [datasets.load_from_disk(str(d)) for d in part_dirs]
-            merged = datasets.concatenate_datasets(parts)
+            loaded = [datasets.load_from_disk(str(part_dir(output_dir, i))) for i in parts]
+            merged = datasets.concatenate_datasets(loaded)
             selected = merged.select(range(min(keep_rows, len(merged))))
             staging = output_dir / PARTS_DIR / "selected"
             if staging.exists():
                 shutil.rmtree(staging)
             selected.save_to_disk(str(staging))
-        part_dirs = [staging]
-    data_files: list[dict[str, str]] = []
-    info_source = part_dirs[0] / "dataset_info.json"
-    for part_number, part_dir in enumerate(part_dirs):
-        state = json.loads((part_dir / "state.json").read_text(encoding="utf-8"))
-        for k, entry in enumerate(state["_data_files"]):
-            name = f"data-{part_number:05d}-{k:05d}.arrow"
-            os.replace(part_dir / entry["filename"], output_dir / name)
-            data_files.append({"filename": name})
-    shutil.copyfile(info_source, output_dir / "dataset_info.json")
-    state = {
-        "_data_files": data_files,
+        ends = np.cumsum([len(d) for d in loaded])
+        kept = [i for i, start in zip(parts, [0, *ends[:-1]], strict=True) if start < keep_rows]
+        clear_data_files(output_dir)
+        records = []
+        for k, name in enumerate(_data_files(staging)):
+            target = output_dir / data_file_name(0, k)
+            os.replace(staging / name, target)
+            records.append(file_record(target, kept))
+        shutil.copyfile(staging / "dataset_info.json", output_dir / "dataset_info.json")
+        return records
+    clear_data_files(output_dir, parts)
+    records = []
+    for i in parts:
+        source = part_dir(output_dir, i)
+        part_files = json.loads((source / PART_FILE).read_text(encoding="utf-8"))["files"]
+        for k, entry in enumerate(part_files):
+            name = data_file_name(i, k)
+            os.replace(source / entry["filename"], output_dir / name)
+            records.append({**entry, "filename": name})
+        shutil.copyfile(source / "dataset_info.json", output_dir / "dataset_info.json")
+    return records
+
+
+def write_state(output_dir: Path, records: Sequence[dict[str, Any]], fingerprint: str) -> Any:
+    """Write the ``datasets`` state listing ``records``' files, so
+    ``datasets.load_from_disk(output_dir)`` loads them in this order, and return the dataset.
+    The directory is not complete until :func:`complete` writes ``metadata.json``."""
+    state: dict[str, Any] = {
+        "_data_files": [{"filename": record["filename"]} for record in records],
         "_fingerprint": fingerprint,
         "_format_columns": None,
         "_format_kwargs": {},
@@ -156,7 +200,8 @@ def assemble(
         "_split": None,
     }
     write_json_atomic(output_dir / "state.json", state)
-    return datasets.load_from_disk(str(output_dir))
+    with quiet_datasets():
+        return datasets.load_from_disk(str(output_dir))
 
 
 def complete(output_dir: Path, metadata: dict[str, Any]) -> None:

@@ -48,6 +48,7 @@ class VocabTrainingSummary:
     do_lower_case: bool
     sha256: str
     seconds: float
+    min_frequency: int = 2
 
     def __str__(self) -> str:
         return (
@@ -55,6 +56,23 @@ class VocabTrainingSummary:
             f"{'uncased' if self.do_lower_case else 'cased'}) in {self.seconds:.1f} s "
             f"(sha256 {self.sha256[:12]})"
         )
+
+    @property
+    def shortfall(self) -> dict[str, object] | None:
+        """Why fewer tokens than asked were learnt (``None`` when the size was reached)."""
+        if self.vocab_size >= self.requested_size:
+            return None
+        return {
+            "key": "train_vocab.vocab_size",
+            "requested": self.requested_size,
+            "produced": self.vocab_size,
+            "message": (
+                f"train_vocab.vocab_size={self.requested_size:,} asked, {self.vocab_size:,} "
+                f"tokens trained: no further pair of pieces occurs at least "
+                f"train_vocab.min_frequency={self.min_frequency} times in the input files; "
+                "more text or a lower min_frequency gives a larger vocab"
+            ),
+        }
 
 
 def _checked_files(files: Sequence[Path | str]) -> list[str]:
@@ -261,6 +279,7 @@ def train_wordpiece_vocab(
         do_lower_case=do_lower_case,
         sha256=hashlib.sha256(payload).hexdigest(),
         seconds=time.perf_counter() - start,
+        min_frequency=min_frequency,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from omnibert.paths import check_writable_dir
 from omnibert.run.checks import (
     RESUME_FILE,
     check_init_from,
@@ -98,6 +99,9 @@ def prepare(cfg: DictConfig) -> Prepared:
     from omnibert.run.slurm import check_slurm_layout
 
     c = resolve(cfg)
+    for name in ("output_root", "checkpoint_dir"):  # before any data is read
+        if c["paths"].get(name) is not None:
+            check_writable_dir(c["paths"][name], f"paths.{name}")
     plugin, environment = _plugin(cfg)
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
@@ -369,9 +373,6 @@ def finish_loggers(loggers: list[Any]) -> None:
     in this process (a sequential multirun, a test) starts its own instead of reusing it;
     Lightning's ``finalize`` leaves them open."""
     for logger in loggers:
-        experiment = getattr(logger, "_experiment", None)
-        if experiment is not None and callable(getattr(experiment, "finish", None)):
-            experiment.finish()
         experiment = getattr(logger, "_experiment", None)
         if experiment is not None and callable(getattr(experiment, "finish", None)):
             experiment.finish()

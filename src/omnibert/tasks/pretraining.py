@@ -108,6 +108,14 @@ def restore_rng_states(states: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def _sha256(path: str | None) -> str | None:
+    if path is None or not Path(path).is_file():
+        return None
+    from omnibert.tokenization.vocab import sha256_file
+
+    return sha256_file(path)
+
+
 class PretrainingTask(pl.LightningModule):
     """BERT pretraining (MLM + NSP) with LAMB/AdamW and a per-step LR schedule.
 
@@ -125,7 +133,9 @@ class PretrainingTask(pl.LightningModule):
             and schedule start fresh).
         init_bert_config: the Google ``bert_config.json`` of a TensorFlow 1 ``init_from``
             (``None``: the one next to the checkpoint).
-        vocab_file: the vocab.txt the data was tokenised with (kept for exports).
+        vocab_file: the vocab.txt the data was tokenised with, kept for exports as an
+            absolute path (an export runs from anywhere) with its sha256 (``vocab_sha256``,
+            computed here when not given), so an export notices a file changed since.
         clip_grad_per_micro_batch: clip each micro-batch's gradient to this global norm
             before accumulation (MLPerf TF order, ``optimizer=lamb_mlperf``); ``None``: off.
     """
@@ -140,6 +150,7 @@ class PretrainingTask(pl.LightningModule):
         vocab_file: str | None = None,
         clip_grad_per_micro_batch: float | None = None,
         init_bert_config: str | None = None,
+        vocab_sha256: str | None = None,
     ) -> None:
         super().__init__()
         config = BertConfig(**plain(model_config))
@@ -149,7 +160,8 @@ class PretrainingTask(pl.LightningModule):
             "schedule": plain(schedule),
             "total_steps": total_steps,
             "init_from": None if init_from is None else str(init_from),
-            "vocab_file": None if vocab_file is None else str(vocab_file),
+            "vocab_file": None if vocab_file is None else str(Path(vocab_file).absolute()),
+            "vocab_sha256": vocab_sha256 if vocab_sha256 is not None else _sha256(vocab_file),
             "clip_grad_per_micro_batch": clip_grad_per_micro_batch,
             "init_bert_config": None if init_bert_config is None else str(init_bert_config),
         }

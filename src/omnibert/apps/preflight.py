@@ -1,0 +1,181 @@
+"""What each console script checks before Hydra runs its app, because Hydra acts on the
+command line before the app's code runs:
+
+* a mistyped key (``phase.max_step=3``) fails inside Hydra's composition with advice to add
+  it with ``+``; here it is one line naming the closest existing keys (``difflib``), exit 2;
+  likewise a config group option that does not exist (``model=bert_bse``);
+* Hydra creates its run directory (``omnibert-train``'s lives under ``paths.output_root``)
+  before the app starts, so an unwritable one used to be a traceback; the app's output
+  keys and Hydra's directory are checked here with :func:`omnibert.paths.check_writable_dir`.
+
+The command line is composed once the way Hydra will compose it (a multirun sweep by its
+first value, so ``-m`` keeps working); anything else that goes wrong is left to Hydra,
+which reports it as before.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from omnibert.errors import UserError, exit_on
+from omnibert.paths import check_writable_dir
+
+__all__ = ["ConfigKeyError", "check_command_line", "preflight"]
+
+
+class ConfigKeyError(UserError):
+    """A command-line key or group option that the config does not have."""
+
+
+def preflight(app: str, config_name: str, output_keys: Sequence[str]) -> None:
+    """:func:`check_command_line` on ``sys.argv``; a problem is one line and exit code 2."""
+    with exit_on(app):
+        check_command_line(config_name, output_keys, sys.argv[1:])
+
+
+def check_command_line(config_name: str, output_keys: Sequence[str], argv: Sequence[str]) -> None:
+    """Raise :class:`ConfigKeyError` for an unknown key or group option in ``argv``, and
+    :class:`omnibert.paths.PathError` when an ``output_keys`` directory or Hydra's run (or
+    sweep) directory cannot be written."""
+    args = _parse(argv)
+    if args is None or args.help or args.hydra_help or args.info or args.shell_completion:
+        return
+    if args.config_path or args.config_dir or args.experimental_rerun:
+        return  # another config than the packaged one: Hydra reports its own problems
+    overrides = _single_run(args.overrides)
+    if overrides is None:
+        return
+    cfg = _compose(args.config_name or config_name, overrides)
+    if cfg is None or args.cfg:  # --cfg only prints the config: nothing is written
+        return
+    hydra_dir = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
+    for key in (*output_keys, hydra_dir):
+        value = _select(cfg, key)
+        if isinstance(value, str) and value and value != "???":
+            check_writable_dir(value, key)
+
+
+def _parse(argv: Sequence[str]) -> Any:
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        return get_args_parser().parse_args(list(argv))
+    except SystemExit:  # argparse's own error: Hydra prints it
+        return None
+
+
+def _single_run(overrides: Sequence[str]) -> list[str] | None:
+    """The overrides with each sweep reduced to its first value (None: cannot reduce)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return [
+            f"{o.get_key_element()}={next(o.sweep_string_iterator())}"
+            if o.is_sweep_override()
+            else str(o.input_line)
+            for o in parsed
+        ]
+    except Exception:  # grammar errors, interval/glob sweeps: Hydra handles them
+        return None
+
+
+def _compose(config_name: str, overrides: list[str]) -> Any:
+    """The config Hydra will compose, or None when composing fails for a reason Hydra
+    reports better; raises :class:`ConfigKeyError` for an unknown key or option."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    from omnibert.apps.compose import compose
+
+    try:
+        return compose(config_name, overrides, return_hydra_config=True)
+    except MissingConfigException as err:
+        _missing_option(err, overrides)
+    except ConfigCompositionException as err:
+        match = re.match(r"Could not override '([^']+)'", str(err))
+        if match is None:
+            return None
+        _unknown_key(match.group(1), config_name, overrides)
+    except Exception:
+        return None
+    return None
+
+
+def _unknown_key(bad: str, config_name: str, overrides: list[str]) -> None:
+    from omnibert.apps.compose import compose
+
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("~+") != bad]
+    try:
+        keys = _keys(compose(config_name, rest, return_hydra_config=bad.startswith("hydra.")))
+    except Exception:
+        keys = []
+    matches = closest(bad, keys)
+    if matches:
+        hint = f"did you mean {' or '.join(matches)}?"
+    else:
+        parent = bad.rpartition(".")[0]
+        siblings = [k for k in keys if k.rpartition(".")[0] == parent]
+        where = parent or "the top level"
+        more = ", ..." if len(siblings) > 15 else ""
+        hint = (
+            f"{where} has {', '.join(siblings[:15])}{more}." if siblings else "check its spelling."
+        )
+    raise ConfigKeyError(f"{bad} is not a key of the config; {hint}")
+
+
+def closest(bad: str, keys: Sequence[str]) -> list[str]:
+    """The keys ``bad`` most likely meant: a close name under the same parent, else the
+    same or a close name anywhere (``max_steps`` -> ``phase.max_steps``)."""
+    parent, _, leaf = bad.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
+    near = difflib.get_close_matches(leaf, list(siblings), n=3, cutoff=0.6)
+    if near:
+        return [siblings[name] for name in near]
+    by_leaf: dict[str, list[str]] = {}
+    for key in keys:
+        by_leaf.setdefault(key.rpartition(".")[2], []).append(key)
+    near = difflib.get_close_matches(leaf, list(by_leaf), n=3, cutoff=0.75)
+    return [key for name in near for key in by_leaf[name]][:4]
+
+
+def _missing_option(err: Exception, overrides: list[str]) -> None:
+    missing = str(getattr(err, "missing_cfg_file", "") or "")
+    options = [str(o) for o in (getattr(err, "options", None) or [])]
+    group, _, name = missing.rpartition("/")
+    if not group or not options:
+        return
+    given = next(
+        (o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].endswith(group)), name
+    )
+    matches = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(matches)}? " if matches else ""
+    raise ConfigKeyError(
+        f"{group}={given} is not an option of {group}; {hint}(options: {', '.join(options)})."
+    )
+
+
+def _keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key path of a config (interpolations left unresolved)."""
+    from omegaconf import OmegaConf
+
+    out: list[str] = []
+    for key in node:
+        path = f"{prefix}{key}"
+        out.append(path)
+        child = node._get_node(key)
+        if OmegaConf.is_dict(child):
+            out += _keys(child, f"{path}.")
+    return out
+
+
+def _select(cfg: Any, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=False)
+    except Exception:  # an interpolation that does not resolve: the app reports it
+        return None
