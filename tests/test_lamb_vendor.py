@@ -78,7 +78,9 @@ def test_fake_ipu_builds_poptorch_lamb_with_its_own_rules(fake_sdk):
     opt = poptorch_lamb(_model().named_parameters(), lr=6e-3, no_weight_decay=["bias", "LayerNorm"])
     assert type(opt).__name__ == "LAMB" and opt.fake
     assert opt.defaults["eps"] == 1e-6 and opt.bias_correction is True
-    assert opt.defaults["max_weight_norm"] == 65500.0
+    assert opt.defaults["max_weight_norm"] == 65500.0 and opt.loss_scaling == 1.0
+    scaled = poptorch_lamb(_model().named_parameters(), lr=6e-3, loss_scaling=4096.0)
+    assert scaled.loss_scaling == 4096.0  # type: ignore[attr-defined]
     assert opt.accum_types == (torch.float32,) * 3
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
     with pytest.raises(TypeError, match="max_grad_norm"):  # a key poptorch's LAMB has not

@@ -177,6 +177,8 @@ class GeneratedSource(RowSource):
         length_histogram: ``None`` (like the reference generator: mostly full rows, 10%
             shorter) or a JSON file with a length histogram (``counts``, or an
             omnibert-prepare ``metadata.json``): rows then have that distribution.
+        eval_samples: evaluate only the first N of the eval rows (as the file sources'
+            ``data.eval_samples``); ``None``: all ``num_eval_samples``.
     """
 
     format = "generated"
@@ -187,7 +189,15 @@ class GeneratedSource(RowSource):
         num_train_samples: int = 65536,
         num_eval_samples: int = 1024,
         length_histogram: str | None = None,
+        eval_samples: int | None = None,
     ) -> None:
+        if eval_samples is not None and eval_samples > num_eval_samples:
+            raise DataConfigError(
+                f"data.eval_samples={eval_samples} but data.num_eval_samples={num_eval_samples} "
+                "generated eval rows; lower data.eval_samples or set it to null."
+            )
+        if eval_samples is not None:
+            num_eval_samples = eval_samples
         self._vocab_size = vocab_size
         self._num_train_samples = num_train_samples
         self._num_eval_samples = num_eval_samples

@@ -107,10 +107,13 @@ def poptorch_lamb(
     no_weight_decay: Sequence[str] | None = BERT_NO_WEIGHT_DECAY,
     bias_correction: bool = True,
     max_weight_norm: float = 65500.0,
+    loss_scaling: float = 1.0,
 ) -> torch.optim.Optimizer:
     """``optimizer=lamb_poptorch``: ``poptorch.optim.LAMB`` with fp32 accumulators; its rules
     (docs/lamb.md): no gradient clipping, the trust ratio on every tensor, the weight norm
-    clamped at ``max_weight_norm``, per-parameter step counts."""
+    clamped at ``max_weight_norm``, per-parameter step counts. ``loss_scaling`` is poptorch's
+    static loss scale (the loss is multiplied by it before backward and the gradients divided
+    by it in the update, inside the IPU program), for ``trainer.precision=16-true``."""
     try:
         import poptorch
     except ImportError as err:
@@ -131,6 +134,7 @@ def poptorch_lamb(
         weight_decay=weight_decay,
         bias_correction=bias_correction,
         max_weight_norm=max_weight_norm,
+        loss_scaling=loss_scaling,
         accum_type=torch.float32,
         first_order_momentum_accum_type=torch.float32,
         second_order_momentum_accum_type=torch.float32,

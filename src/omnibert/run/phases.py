@@ -14,6 +14,8 @@ composed config itself is never modified.
   optimiser and schedule (``phase.init_from``, derived here and printed).
 * Re-running the same command resumes the phase that was interrupted (from its
   ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``).
+* ``compile_only=true`` compiles every phase's step at its own shapes (phase 2's seq 512 as
+  well as phase 1's 128) with nothing loaded or resumed: one report per phase.
 * Each phase keeps its own run directory (``run_name`` defaults to ``<model>-<phase>``) and
   writes its plan and summary under ``<output dir>/<phase name>/``.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from omnibert.errors import UserError
 from omnibert.run.plan import TrainConfigError
@@ -56,7 +58,13 @@ def derive_phases(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
                 f"phases.{name} must be a mapping with a phase node (e.g. from "
                 f"/phase@phases.{name}.phase: phase1) and the keys this phase changes."
             )
-        merged = OmegaConf.merge(base, entry)
+        start = copy.deepcopy(base)
+        lrs = OmegaConf.select(entry, "phase.lr")
+        if OmegaConf.is_dict(lrs):  # a phase may bring LRs for optimisers the root phase lacks
+            with open_dict(start):
+                for key in lrs:
+                    start.phase.lr.setdefault(str(key), lrs[key])
+        merged = OmegaConf.merge(start, entry)
         assert isinstance(merged, DictConfig)
         derived.append((str(name), merged))
     dirs = [str(OmegaConf.select(c, "paths.checkpoint_dir")) for _, c in derived]
@@ -94,6 +102,14 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
         except UserError as err:
             raise TrainConfigError(f"phases.{name}: {err}") from err
     summaries: dict[str, Any] = {}
+    if cfg.get("compile_only"):  # every phase's shapes; no weights to hand on, nothing resumed
+        for name, phase_cfg in phases:
+            out = None if output_dir is None else output_dir / name
+            print(f"omnibert-train: {name}: compile only", flush=True)
+            alone = OmegaConf.merge(phase_cfg, {"phase": {"init_from": None}})
+            assert isinstance(alone, DictConfig)
+            summaries[name] = run_one(alone, out)
+        return {"phases": summaries}
     previous: Path | None = None
     for index, (name, phase_cfg) in enumerate(phases):
         out = None if output_dir is None else output_dir / name

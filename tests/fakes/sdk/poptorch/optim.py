@@ -33,6 +33,7 @@ class LAMB(torch.optim.Optimizer):
         }
         super().__init__(params, defaults)
         self.bias_correction = True if bias_correction is None else bias_correction
+        self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
         self.accum_types = (
             accum_type,
             first_order_momentum_accum_type,
