@@ -20,6 +20,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
+from omnibert.compat import seed_everything
 from omnibert.run.checks import (
     check_init_from,
     check_optimizer,
@@ -246,18 +247,17 @@ def build_task(prepared: Prepared) -> tuple[Any, str | None]:
 
 def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     """The task (:func:`build_task`), callbacks, loggers and the Trainer."""
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ProgressBar
 
-    from omnibert.callbacks import AtomicCheckpointIO
+    from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
     from omnibert.run.profiling import profiler_for_run
 
     cfg, c, plugin, plan = prepared.cfg, prepared.c, prepared.plugin, prepared.plan
     for name in remove_stale_temporaries(plan.checkpoint_dir):
         log.warning("removed %s, a checkpoint a killed process had not finished writing", name)
-    pl.seed_everything(c["seed"], workers=False, verbose=False)
+    seed_everything(c["seed"], workers=False)
     task, loaded = build_task(prepared)
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+    callbacks = [*_instantiate_all(cfg.get("callbacks")), CompletedBatchProgress()]
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     loggers = _instantiate_all(cfg.get("logger"))
@@ -279,6 +279,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
         hardware["profiler"] = profiler_for_run(prepared.profile, run_dir / "profile", plugin.name)
     trainer = instantiate_node(
         cfg.trainer,
+        _convert_="partial",  # plain lists: Lightning < 2.5 takes no ListConfig of plugins
         **{**hardware, **loop},
         callbacks=callbacks,
         logger=loggers or False,
