@@ -120,35 +120,97 @@ def test_seed_everything_is_quiet_on_a_lightning_without_verbose(monkeypatch, ca
     assert logging.getLogger("lightning.fabric.utilities.seed").level == logging.NOTSET
 
 
-def test_completed_batch_progress_marks_a_batch_end_checkpoint_completed(monkeypatch):
-    """Lightning < 2.5 reruns a batch saved in on_train_batch_end; 2.5 corrects it itself."""
+def _loops(processed: int, completed: int, last: bool = False) -> dict[str, Any]:
+    """A Lightning checkpoint's fit-loop counters (the keys Lightning 2.3 writes)."""
+
+    def counts(done: int, started: int | None = None) -> dict[str, int]:
+        started = done if started is None else started
+        return {"ready": started, "started": started, "processed": done, "completed": done}
+
+    batch = {"ready": processed, "started": processed, "processed": processed,
+             "completed": completed}  # fmt: skip
+    return {"loops": {"fit_loop": {
+        "epoch_progress": {"total": counts(2, 3), "current": counts(2, 3)},
+        "epoch_loop.batch_progress": {"total": dict(batch), "current": dict(batch),
+                                      "is_last_batch": last},
+        "epoch_loop.scheduler_progress": {"total": counts(9), "current": counts(4)},
+        "epoch_loop.automatic_optimization.optim_progress": {
+            "optimizer": {"step": {"total": counts(9), "current": counts(4)}}},
+        "epoch_loop.val_loop.batch_progress": {"total": counts(5), "current": counts(5)},
+        "epoch_loop.state_dict": {"_batches_that_stepped": 4},
+    }}}  # fmt: skip
+
+
+class _Trainer:
+    """What CompletedBatchProgress reads of a Lightning 2.3 Trainer inside on_train_batch_end."""
+
+    def __init__(self, steps: bool = True, validates: bool = False) -> None:
+        self.num_training_batches = 9
+        loop = type(
+            "EpochLoop",
+            (),
+            {
+                "_should_accumulate": lambda _: not steps,
+                "_should_check_val_fx": lambda _, fetcher: validates,
+            },
+        )()
+        self.fit_loop = type("FitLoop", (), {"epoch_loop": loop, "_data_fetcher": None})()
+
+
+@pytest.fixture
+def lightning_2_3(monkeypatch):
     monkeypatch.setattr(
         "omnibert.callbacks.checkpoint.lightning_resumes_after_batch_end", lambda: False
     )
 
-    def checkpoint(processed: int, completed: int) -> dict[str, Any]:
-        counts = {"ready": processed, "started": processed, "processed": processed,
-                  "completed": completed}  # fmt: skip
-        return {"loops": {"fit_loop": {
-            "epoch_loop.batch_progress": {"total": dict(counts), "current": dict(counts)},
-            "epoch_loop.state_dict": {"_batches_that_stepped": 4},
-        }}}  # fmt: skip
 
-    class Trainer:  # what the callback reads: is this batch one that steps the optimiser?
-        class fit_loop:
-            @staticmethod
-            def _should_accumulate() -> bool:
-                return False
+def _save(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    pl_module: Any = None  # not read
+    CompletedBatchProgress().on_save_checkpoint(trainer, pl_module, checkpoint)
 
-    inside = checkpoint(processed=9, completed=8)  # written in on_train_batch_end
-    CompletedBatchProgress().on_save_checkpoint(Trainer(), None, inside)  # type: ignore[arg-type]
-    fit = inside["loops"]["fit_loop"]
+
+def _fit(ckpt: dict[str, Any]) -> dict[str, Any]:
+    return ckpt["loops"]["fit_loop"]
+
+
+def test_completed_batch_progress_marks_a_batch_end_checkpoint_completed(lightning_2_3):
+    """Lightning < 2.5 reruns a batch saved in on_train_batch_end; 2.5 corrects it itself."""
+    inside = _loops(processed=7, completed=6)  # written in on_train_batch_end, mid-epoch
+    _save(_Trainer(), inside)
+    fit = _fit(inside)
+    assert fit["epoch_loop.batch_progress"]["total"]["completed"] == 7
+    assert fit["epoch_loop.batch_progress"]["current"]["completed"] == 7
+    assert fit["epoch_loop.state_dict"]["_batches_that_stepped"] == 5  # it stepped
+    assert fit["epoch_progress"] == _fit(_loops(7, 6))["epoch_progress"]  # epoch goes on
+    accumulating = _loops(processed=7, completed=6)
+    _save(_Trainer(steps=False), accumulating)
+    assert _fit(accumulating)["epoch_loop.state_dict"]["_batches_that_stepped"] == 4
+    after = _loops(processed=7, completed=7)  # written after the batch (validation end)
+    _save(_Trainer(), after)
+    assert after == _loops(processed=7, completed=7)
+
+
+def test_completed_batch_progress_finishes_the_epoch_its_last_batch_ended(lightning_2_3):
+    ended = _loops(processed=9, completed=8, last=True)
+    _save(_Trainer(), ended)
+    fit = _fit(ended)
+    assert fit["epoch_progress"]["current"] == {"ready": 3, "started": 3, "processed": 3,
+                                                "completed": 3}  # fmt: skip
+    assert fit["epoch_loop.batch_progress"]["current"] == dict.fromkeys(
+        ("ready", "started", "processed", "completed"), 0
+    )
     assert fit["epoch_loop.batch_progress"]["total"]["completed"] == 9
-    assert fit["epoch_loop.batch_progress"]["current"]["completed"] == 9
-    assert fit["epoch_loop.state_dict"]["_batches_that_stepped"] == 5
-    after = checkpoint(processed=9, completed=9)  # written after the batch (validation end)
-    CompletedBatchProgress().on_save_checkpoint(Trainer(), None, after)  # type: ignore[arg-type]
-    assert after == checkpoint(processed=9, completed=9)
+    assert fit["epoch_loop.batch_progress"]["is_last_batch"] is False
+    assert fit["epoch_loop.scheduler_progress"]["current"]["completed"] == 0
+    assert fit["epoch_loop.scheduler_progress"]["total"]["completed"] == 9
+    step = fit["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+    assert step["current"]["completed"] == 0 and step["total"]["completed"] == 9
+    assert fit["epoch_loop.val_loop.batch_progress"]["total"]["completed"] == 0
+    # a validation due after that batch runs first on resume: the epoch is left open for it
+    validating = _loops(processed=9, completed=8, last=True)
+    _save(_Trainer(validates=True), validating)
+    assert _fit(validating)["epoch_progress"] == _fit(_loops(9, 8))["epoch_progress"]
+    assert _fit(validating)["epoch_loop.batch_progress"]["current"]["completed"] == 9
 
 
 def test_completed_batch_progress_leaves_lightning_2_5_checkpoints_alone():
@@ -157,7 +219,7 @@ def test_completed_batch_progress_leaves_lightning_2_5_checkpoints_alone():
     ckpt = {"loops": {"fit_loop": {"epoch_loop.batch_progress": {
         "total": {"processed": 3, "completed": 2}, "current": {"processed": 3, "completed": 2},
     }}}}  # fmt: skip
-    CompletedBatchProgress().on_save_checkpoint(None, None, ckpt)  # type: ignore[arg-type]
+    _save(None, ckpt)
     assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] == 2
 
 
@@ -175,6 +237,8 @@ def test_foreach_norm_fp32_without_the_dtype_keyword(monkeypatch):
         return real(tensors, ord)
 
     monkeypatch.setattr(torch, "_foreach_norm", old_foreach_norm)
+    assert compat._foreach_norm_takes_dtype() is False
+    monkeypatch.setattr(compat, "HAS_FOREACH_NORM_DTYPE", False)
     old = compat.foreach_norm_fp32(_tensors())
     assert all(t.dtype == torch.float32 for t in old)  # accumulated in fp32, not bf16
     assert all(torch.equal(a, b) for a, b in zip(old, new, strict=True))

@@ -14,6 +14,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from omnibert import compat
+from omnibert.data import loaders
 from omnibert.data.loaders import SamplerStateDataLoader, build_loader, stateful_dataloader_class
 from omnibert.data.packed_sampler import PackedBatchSampler
 from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler, SamplerStateError
@@ -145,6 +147,11 @@ def test_build_loader_falls_back_only_where_torchdata_is_missing(no_torchdata) -
 
 
 @pytest.mark.skipif(stateful_dataloader_class() is None, reason="torchdata is not installed")
-def test_build_loader_uses_torchdata_where_it_is_installed() -> None:
+def test_build_loader_uses_torchdata_where_it_is_installed_under_lightning_2_5(monkeypatch):
+    if compat.lightning_resumes_after_batch_end():
+        train = build_loader(Rows(), _collate, _sampler(), num_workers=0, seed=1)
+        assert type(train).__name__ == "StatefulDataLoader"
+    # Lightning < 2.5 drops an iterator when it resumes at an epoch end (module docstring)
+    monkeypatch.setattr(loaders, "lightning_resumes_after_batch_end", lambda: False)
     train = build_loader(Rows(), _collate, _sampler(), num_workers=0, seed=1)
-    assert type(train).__name__ == "StatefulDataLoader"
+    assert type(train) is SamplerStateDataLoader

@@ -16,6 +16,7 @@ import torch
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.compat import lightning_resumes_after_batch_end
 from omnibert.data.loaders import stateful_dataloader_class
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare
@@ -130,7 +131,9 @@ def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path, straight, torchdata
     assert saved["global_step"] == 5
     (loader_state,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     # torchdata's state has its own keys besides the sampler's; the fallback's only that one
-    fallback = not torchdata or stateful_dataloader_class() is None
+    fallback = not (
+        torchdata and stateful_dataloader_class() and lightning_resumes_after_batch_end()
+    )
     assert (list(loader_state) == ["_index_sampler_state"]) is fallback
     resumed = _train(tmp_path, *common, "ckpt_path=last", torchdata=torchdata)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "HAS_FLOP_COUNTER",
+    "HAS_FOREACH_NORM_DTYPE",
     "HAS_LOAD_MMAP",
     "HAS_MODULE_COMPILE",
     "compile_in_place",
@@ -117,13 +118,25 @@ def lightning_resumes_after_batch_end() -> bool:
 
 
 # ---------------------------------------------------------------------- foreach ops
-def foreach_norm_fp32(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """The L2 norm of each tensor accumulated in float32 (``torch._foreach_norm(...,
-    dtype=)``, torch >= 2.1; before, ``torch.linalg.vector_norm`` per tensor: the same sums)."""
+def _foreach_norm_takes_dtype() -> bool:
     try:
+        torch._foreach_norm([torch.zeros(1)], 2, dtype=torch.float32)  # compat: torch >= 2.1
+    except TypeError:
+        return False
+    return True
+
+
+#: ``torch._foreach_norm(..., dtype=)`` (torch >= 2.1)
+HAS_FOREACH_NORM_DTYPE = _foreach_norm_takes_dtype()
+
+
+def foreach_norm_fp32(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """The L2 norm of each tensor accumulated in float32: one ``torch._foreach_norm(...,
+    dtype=)`` (torch >= 2.1), before that ``torch.linalg.vector_norm`` per tensor (the same
+    sums, one op per tensor)."""
+    if HAS_FOREACH_NORM_DTYPE:
         return list(torch._foreach_norm(list(tensors), 2, dtype=torch.float32))  # compat:
-    except TypeError:  # torch < 2.1: no dtype keyword
-        return [torch.linalg.vector_norm(t, 2, dtype=torch.float32) for t in tensors]
+    return [torch.linalg.vector_norm(t, 2, dtype=torch.float32) for t in tensors]
 
 
 def foreach_mul(tensors: Sequence[Tensor], scale: Tensor) -> list[Tensor]:

@@ -15,7 +15,7 @@ gradient accumulation, with torchdata and with the fallback loader): Lightning s
 ``train_dataloader().state_dict()`` in checkpoints and restores it. Its fetcher does not
 prefetch a loader that has a length, and the training loader (torchdata's
 ``StatefulDataLoader``, or :class:`~omnibert.data.loaders.SamplerStateDataLoader` where
-torchdata is missing: :mod:`omnibert.data.loaders`) snapshots the sampler state per dispatched
+torchdata is missing or Lightning is older than 2.5: :mod:`omnibert.data.loaders`) snapshots the sampler state per dispatched
 batch, so a checkpoint taken after batch k resumes at batch k+1, provided the sampler's epoch
 ends where Lightning's does (:func:`lightning_epoch_batches`; otherwise worker prefetch runs
 past Lightning's epoch end).

@@ -2,10 +2,15 @@
 
 Lightning saves the training loader's ``state_dict()`` in checkpoints and hands it back to
 ``load_state_dict()`` on resume (any loader with both methods). The training loader is
-torchdata's ``StatefulDataLoader`` where torchdata is installed (the main environment). The
-Graphcore environment cannot have it: poptorch pins torch 2.0.1 and ``StatefulDataLoader``
-needs a newer torch. There :func:`build_loader` uses :class:`SamplerStateDataLoader`
-instead, a plain ``DataLoader`` that keeps the position the same way: the batch sampler
+torchdata's ``StatefulDataLoader`` in the main environment. The Graphcore environment has
+no torchdata: poptorch pins torch 2.0.1, and torchdata 0.11 (the release with
+``StatefulDataLoader`` that omnibert uses) is built and tested for torch 2.6 although its
+metadata accepts any torch 2. Its Lightning, 2.3, also creates an iterator and drops it when
+it resumes at the end of an epoch; with loader workers, ``StatefulDataLoader`` then loses the
+epoch its workers had prefetched (measured under torch 2.0.1 / Lightning 2.3.3: the resumed
+run trained the next data epoch's batches instead). So :func:`build_loader` uses
+:class:`SamplerStateDataLoader` where torchdata is missing or Lightning is older than 2.5,
+a plain ``DataLoader`` that keeps the position the same way: the batch sampler
 (omnibert's samplers are stateful) is asked for its state each time a batch of indices is
 drawn, and ``state_dict()`` returns the state drawn with the last batch *handed out*, so
 batches that loader workers fetched ahead of the training loop are not counted as seen.
@@ -22,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from omnibert.compat import lightning_resumes_after_batch_end
 from omnibert.data.samplers import EvalBatchSampler
 
 __all__ = ["SamplerStateDataLoader", "build_loader", "stateful_dataloader_class"]
@@ -122,8 +128,8 @@ def build_loader(
 ) -> DataLoader[Any]:
     """A loader over ``sampler``'s batches. The resumable training sampler gets a loader
     whose position Lightning saves in checkpoints: torchdata's ``StatefulDataLoader``, or
-    :class:`SamplerStateDataLoader` where torchdata is missing (the IPU environment); the
-    evaluation sampler a plain ``DataLoader``. Its own seeded generator leaves torch's global
+    :class:`SamplerStateDataLoader` where torchdata is missing or Lightning is older than 2.5
+    (the IPU environment; module docstring); the evaluation sampler a plain ``DataLoader``. Its own seeded generator leaves torch's global
     RNG untouched."""
     kwargs: dict[str, Any] = {
         "batch_sampler": sampler,
@@ -136,6 +142,6 @@ def build_loader(
     if isinstance(sampler, EvalBatchSampler):
         return DataLoader(dataset, **kwargs)
     stateful = stateful_dataloader_class()
-    if stateful is not None:
+    if stateful is not None and lightning_resumes_after_batch_end():
         return stateful(dataset, **kwargs)
     return SamplerStateDataLoader(dataset, **kwargs)
