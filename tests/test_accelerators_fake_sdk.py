@@ -135,6 +135,24 @@ def test_hpu_fake_lazy_step_marks_after_backward_and_after_the_update(fake_sdk):
     assert ("synchronize", None) in htcore.CALLS
 
 
+def test_fake_lightning_habana_has_what_lightning_imports_from_the_real_one(fake_sdk):
+    """Lightning 2.5.0-2.5.5 (Intel Gaudi 1.21 ships 2.5.1) imports these names from
+    lightning_habana whenever the lightning-habana distribution is installed, registers them
+    and asks whether an HPU is there (scripts/envs/hpu_env.sh installs the real one, which
+    the FAKE shadows in these tests)."""
+    import lightning_habana
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning_habana import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy
+    from lightning_habana.pytorch.accelerator import REGISTERED
+
+    assert Path(lightning_habana.__file__).is_relative_to(FAKE_SDK)
+    HPUAccelerator.register_accelerators(AcceleratorRegistry)
+    SingleHPUStrategy.register_strategies(None)
+    HPUParallelStrategy.register_strategies(None)
+    assert [kind for kind, _ in REGISTERED[-3:]] == ["accelerators", "strategies", "strategies"]
+    assert HPUAccelerator.is_available() is False  # no Gaudi here
+
+
 def test_hpu_fake_graphs_wrap_the_model_with_module_cacher(fake_sdk):
     plugin = build_plugin(
         _compose(

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from omnibert.callbacks import CompletedBatchProgress
 from omnibert.data.collate import BATCH_KEYS
 from omnibert.data.converted import ConvertedSource
 from omnibert.data.datamodule import (
@@ -285,6 +287,10 @@ class Recorder(pl.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.seen: list[tuple[int, str]] = []
+        self.loader = ""
+
+    def on_train_start(self) -> None:
+        self.loader = type(self.trainer.train_dataloader).__name__
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.seen.append((self.global_step, fingerprint(batch)))
@@ -303,7 +309,7 @@ def fit(
     ckpt: Path | None = None, save: bool = False, limit: int | None = None,
 ) -> list[tuple[int, str]]:  # fmt: skip
     model = Recorder()
-    callbacks = []
+    callbacks: list[pl.Callback] = [CompletedBatchProgress()]  # Lightning < 2.5 (IPU env)
     if save:
         callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", filename="{step}",
                                          every_n_train_steps=1, save_top_k=-1))  # fmt: skip
@@ -315,15 +321,29 @@ def fit(
     )  # fmt: skip
     dm = module(data, micro_batch_size=32, eval_micro_batch_size=8, num_workers=workers)
     trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None)
+    if sys.modules.get("torchdata.stateful_dataloader", "") is None:  # torchdata blocked
+        assert model.loader == "SamplerStateDataLoader"
     return model.seen
 
 
 @pytest.mark.parametrize(
-    ("workers", "accumulate", "limit"), [(0, 1, None), (0, 2, None), (2, 2, None), (2, 2, 4)]
+    ("workers", "accumulate", "limit", "torchdata"),
+    [
+        (0, 1, None, True),
+        (0, 2, None, True),
+        (2, 2, None, True),
+        (2, 2, 4, True),
+        # the IPU environment's loader (no torchdata): omnibert.data.loaders
+        (0, 2, None, False),
+        (2, 2, 4, False),
+    ],
 )
 def test_lightning_resume_continues_with_the_next_batch(
-    data: dict[str, Path], tmp_path: Path, workers: int, accumulate: int, limit: int | None
-) -> None:
+    data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int,
+    accumulate: int, limit: int | None, torchdata: bool,
+) -> None:  # fmt: skip
+    if not torchdata:
+        monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)
     per_epoch = 7 // accumulate * accumulate if limit is None else limit  # whole global batches
     steps_per_epoch = per_epoch // accumulate
     max_steps = 2 * steps_per_epoch + 2  # into the third epoch

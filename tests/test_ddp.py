@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -22,6 +21,7 @@ from omegaconf import OmegaConf
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.compat import seed_everything
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
@@ -95,7 +95,7 @@ def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path):
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
     # the tolerance is far below how much training moved the weights from their init
     cfg = _compose(*SMOKE)
-    pl.seed_everything(cfg.seed, verbose=False)
+    seed_everything(cfg.seed)
     init = BertForPreTraining(BertConfig(**{**cfg.model.config, "vocab_size": 128}))
     moved = max((want[f"model.{k}"] - v).abs().max().item() for k, v in init.state_dict().items())
     assert moved > 1e-2

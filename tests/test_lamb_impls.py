@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+from omnibert import compat
 from omnibert.optim import Lamb
 from omnibert.optim import lamb as lamb_module
 
@@ -151,6 +152,10 @@ def test_auto_falls_back_to_foreach_when_the_fast_path_cannot_build(monkeypatch)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(
+    not compat.HAS_FOREACH_NORM_DTYPE,
+    reason=f"torch {torch.__version__} has no _foreach_norm(dtype=): one norm per tensor",
+)
 def test_foreach_uses_no_per_parameter_python_loop(monkeypatch):
     """The fused path launches a fixed number of ops, whatever the number of tensors."""
     calls: list[str] = []

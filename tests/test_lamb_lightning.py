@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from omnibert.callbacks import CompletedBatchProgress
 from omnibert.optim import Lamb
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.schedules import PolyWarmupLR
@@ -132,7 +133,9 @@ def test_bf16_autocast_keeps_fp32_state_and_trains():
 def test_checkpoint_resume_continues_the_same_trajectory(tmp_path):
     full = Tiny()
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
-    _trainer(4, callbacks=[saver], enable_checkpointing=True).fit(
+    # CompletedBatchProgress: Lightning < 2.5 (the IPU environment's) would rerun a batch
+    callbacks = [saver, CompletedBatchProgress()]
+    _trainer(4, callbacks=callbacks, enable_checkpointing=True).fit(
         full, DataLoader(_data(), batch_size=8)
     )
     ckpt = next(tmp_path.glob("*step=2.ckpt"))

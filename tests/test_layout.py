@@ -73,10 +73,18 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted((SRC / "accelerators").glob("*.py")), ids=lambda p: p.name)
 def test_accelerator_plugins_depend_only_on_torch_lightning_and_the_model(path):
-    allowed = ("omnibert.accelerators", "omnibert.models", "omnibert.errors")
+    allowed = ("omnibert.accelerators", "omnibert.models", "omnibert.errors", "omnibert.compat")
     ours = {m for m in _imports(path) if m.split(".")[0] == "omnibert"}
     outside = sorted(m for m in ours if not m.startswith(allowed))
     assert outside == [], f"{path.name} imports {outside}"
+
+
+def test_the_compat_shims_import_only_torch_and_lightning():
+    """omnibert.compat sits under the accelerator plugins: it imports nothing of omnibert."""
+    imported = {m.split(".")[0] for m in _imports(SRC / "compat.py")}
+    stdlib = {"__future__", "collections", "contextlib", "importlib", "inspect", "logging",
+              "pathlib", "types", "typing"}  # fmt: skip
+    assert imported <= stdlib | {"torch", "lightning"}, imported
 
 
 @pytest.mark.parametrize(

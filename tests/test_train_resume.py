@@ -16,6 +16,8 @@ import torch
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.compat import lightning_resumes_after_batch_end
+from omnibert.data.loaders import stateful_dataloader_class
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare
 
@@ -33,15 +35,23 @@ SMOKE = (
 )
 
 
-def _train(root: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+# `python -m omnibert.apps.train` in a process where torchdata cannot be imported (as in the
+# IPU environment, whose torch 2.0.1 has no StatefulDataLoader)
+WITHOUT_TORCHDATA = (
+    "import runpy, sys; sys.modules['torchdata.stateful_dataloader'] = None; "
+    "runpy.run_module('omnibert.apps.train', run_name='__main__', alter_sys=True)"
+)
+
+
+def _train(root: Path, *overrides: str, torchdata: bool = True) -> subprocess.CompletedProcess[str]:
     """``python -m omnibert.apps.train`` in a fresh process (one CPU thread)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    app = ["-m", "omnibert.apps.train"] if torchdata else ["-c", WITHOUT_TORCHDATA]
     return subprocess.run(
         [
             sys.executable,
-            "-m",
-            "omnibert.apps.train",
+            *app,
             *SMOKE,
             f"paths.output_root={root}",
             *overrides,
@@ -107,16 +117,25 @@ def test_the_loader_worker_count_does_not_change_the_run(straight):
     _assert_same_training_state(straight[0]["last"], straight[1]["last"])
 
 
-def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path, straight):
+@pytest.mark.parametrize("torchdata", [True, False], ids=["torchdata", "without-torchdata"])
+def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path, straight, torchdata):
     """A real kill (no cleanup) mid-pass, after the run crossed a pass boundary, with a
-    loader worker process; resumed with ckpt_path=last in a new process."""
+    loader worker process; resumed with ckpt_path=last in a new process. Without torchdata
+    (the IPU environment's loader, omnibert.data.loaders) it ends the same as with it."""
     ckpts = tmp_path / "killed" / "checkpoints"
     common = ("run_name=killed", "data.num_workers=1")
-    killed = _train(tmp_path, *common, _kill_at(5))
+    killed = _train(tmp_path, *common, _kill_at(5), torchdata=torchdata)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert "SIGKILL at global step 5" in killed.stderr
-    assert _state(ckpts / "last.ckpt")["global_step"] == 5
-    resumed = _train(tmp_path, *common, "ckpt_path=last")
+    saved = _state(ckpts / "last.ckpt")
+    assert saved["global_step"] == 5
+    (loader_state,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    # torchdata's state has its own keys besides the sampler's; the fallback's only that one
+    fallback = not (
+        torchdata and stateful_dataloader_class() and lightning_resumes_after_batch_end()
+    )
+    assert (list(loader_state) == ["_index_sampler_state"]) is fallback
+    resumed = _train(tmp_path, *common, "ckpt_path=last", torchdata=torchdata)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume from" in resumed.stdout and str(ckpts / "last.ckpt") in resumed.stdout
     assert not list(ckpts.glob(".*tmp*"))  # no half-written temporaries left behind

@@ -52,7 +52,7 @@ def _check_keys(accelerator_cfg: Any) -> None:
         cls = get_class(target)
     except Exception:
         return  # instantiate reports an unknown target itself
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(

@@ -7,13 +7,9 @@ from typing import Any
 from torch import nn
 
 from omnibert.accelerators.base import AcceleratorPlugin
+from omnibert.compat import compile_in_place
 
-
-def compile_in_place(model: nn.Module, options: dict[str, Any]) -> nn.Module:
-    """``torch.compile`` the module's forward in place (``nn.Module.compile``), so that its
-    ``state_dict`` keys, and so checkpoints and exports, stay those of the plain model."""
-    model.compile(**options)
-    return model
+__all__ = ["CPUPlugin", "compile_in_place"]
 
 
 class CPUPlugin(AcceleratorPlugin):

@@ -140,7 +140,9 @@ class HPUPlugin(AcceleratorPlugin):
         if self.compile:
             import habana_frameworks.torch.core  # noqa: F401  (registers hpu_backend)
 
-            model.compile(backend="hpu_backend")
+            from omnibert.compat import compile_in_place
+
+            compile_in_place(model, {"backend": "hpu_backend"})
         elif self.hpu_graphs:
             import habana_frameworks.torch as ht
 

@@ -33,7 +33,9 @@ def submitit_signal() -> int | None:
     """The signal submitit's job handler listens to, or None outside a submitit job."""
     try:
         import submitit
-
+    except ImportError:  # the slurm extra is not installed: not a submitit job
+        return None
+    try:
         submitit.JobEnvironment()  # raises outside a submitit job
         return int(submitit.JobEnvironment._usr_sig())
     except Exception:

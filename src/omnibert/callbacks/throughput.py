@@ -8,7 +8,8 @@ logging points (``window`` of them), so a slow first step or a validation pass d
 distort the numbers (time spent in validation is excluded from the training clock).
 
 FLOPs per micro-batch are *measured* once, on the first training batch, with
-:class:`torch.utils.flop_counter.FlopCounterMode` around forward + backward of a copy of the
+:class:`torch.utils.flop_counter.FlopCounterMode` (torch >= 2.1; on older torch the
+equivalent matmul counter of :func:`omnibert.compat.flop_counter`) around forward + backward of a copy of the
 model built on the ``meta`` device (no memory, no compute; matmuls, bmm and attention are
 counted, elementwise ops are not), so the count follows whatever the model does (e.g. its
 last layer running only the rows the heads read). :func:`bert_pretraining_flops` states the
@@ -28,7 +29,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
+
+from omnibert.compat import flop_counter
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ def measure_flops(model_factory: Callable[[], nn.Module], batch: Mapping[str, Te
     with torch.device("meta"):
         model = model_factory()
     meta_batch = {k: torch.empty_like(v, device="meta") for k, v in batch.items()}
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter() as counter:
         out = model(meta_batch)
         out["loss"].backward()
     return int(counter.get_total_flops())

@@ -11,11 +11,14 @@ Everything that can be wrong with the configuration is found by :meth:`check` be
 compute and reported as one :class:`DataConfigError` sentence naming the key and the fix.
 
 Exact resume under Lightning (verified by tests/test_datamodule.py with 0 and 2 workers and
-gradient accumulation): Lightning saves ``train_dataloader().state_dict()`` in checkpoints and
-restores it. Its fetcher does not prefetch a loader that has a length, and torchdata's
-``StatefulDataLoader`` snapshots the sampler state per dispatched batch, so a checkpoint taken
-after batch k resumes at batch k+1, provided the sampler's epoch ends where Lightning's does
-(:func:`lightning_epoch_batches`; otherwise worker prefetch runs past Lightning's epoch end).
+gradient accumulation, with torchdata and with the fallback loader): Lightning saves
+``train_dataloader().state_dict()`` in checkpoints and restores it. Its fetcher does not
+prefetch a loader that has a length, and the training loader (torchdata's
+``StatefulDataLoader``, or :class:`~omnibert.data.loaders.SamplerStateDataLoader` where
+torchdata is missing or Lightning is older than 2.5: :mod:`omnibert.data.loaders`) snapshots the sampler state per dispatched
+batch, so a checkpoint taken after batch k resumes at batch k+1, provided the sampler's epoch
+ends where Lightning's does (:func:`lightning_epoch_batches`; otherwise worker prefetch runs
+past Lightning's epoch end).
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import DataLoader, Dataset
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from omnibert.data.collate import PretrainingCollator
+from omnibert.data.loaders import build_loader
 from omnibert.data.packed import PackingSettings, batch_shapes, default_predictions_per_pack
 from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler
 from omnibert.data.sources import DataConfigError, RowSource, RowSpec
@@ -39,30 +41,6 @@ __all__ = [
     "build_loader",
     "lightning_epoch_batches",
 ]
-
-
-def build_loader(
-    dataset: Dataset[Any],
-    collator: PretrainingCollator,
-    sampler: Any,
-    *,
-    num_workers: int,
-    seed: int,
-    pin_memory: bool = False,
-) -> DataLoader[Any]:
-    """A loader over ``sampler``'s batches: a torchdata ``StatefulDataLoader`` (its position is
-    saved in Lightning checkpoints) for the resumable training sampler, a plain ``DataLoader``
-    for evaluation. Its own seeded generator leaves torch's global RNG untouched."""
-    loader = DataLoader if isinstance(sampler, EvalBatchSampler) else StatefulDataLoader
-    return loader(
-        dataset,
-        batch_sampler=sampler,
-        collate_fn=collator,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        persistent_workers=num_workers > 0,
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 def lightning_epoch_batches(trainer: pl.Trainer | None, batches: int) -> int | None:

@@ -152,7 +152,8 @@ class BertSelfAttention(nn.Module):
     def _heads(self, projected: Tensor, parts: int) -> tuple[Tensor, ...]:
         batch, rows, _ = projected.shape
         split = projected.view(batch, rows, parts, self.num_heads, self.head_dim)
-        return split.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, rows, head_dim]
+        # each [B, heads, rows, head_dim]; tuple(): torch 2.0's stubs type unbind as a list
+        return tuple(split.permute(2, 0, 3, 1, 4).unbind(0))
 
     def forward(
         self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from omnibert.compat import foreach_copy_, foreach_mul, foreach_norm_fp32
+
 
 @dataclass
 class LambHyper:
@@ -67,7 +69,7 @@ def global_grad_norm(grads: list[Tensor]) -> Tensor:
     """L2 norm over every gradient tensor, accumulated in fp32, as a 0-d tensor."""
     if not grads:
         return torch.zeros(())
-    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    norms = foreach_norm_fp32(grads)
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
@@ -140,7 +142,7 @@ def foreach_update(batch: LambBatch, inv_clip: Tensor) -> None:
     masks = {d: [x == d for x in batch.decays] for d in decay_values}
 
     param_norms = torch.stack(torch._foreach_norm(params))
-    update = torch._foreach_mul(batch.grads, inv_clip)  # scaled gradient, fresh buffers
+    update = foreach_mul(batch.grads, inv_clip)  # scaled gradient, fresh buffers
     if not h.adam_w_mode:
         for d in decay_values:
             torch._foreach_add_(_subset(update, masks[d]), _subset(params, masks[d]), alpha=d)
@@ -149,7 +151,7 @@ def foreach_update(batch: LambBatch, inv_clip: Tensor) -> None:
     torch._foreach_mul_(v, h.beta2)
     torch._foreach_addcmul_(v, update, update, value=1.0 - h.beta2)
     # update <- (m / bc1) / (sqrt(v / bc2) + eps), reusing the scaled-gradient buffers
-    torch._foreach_copy_(update, v)
+    foreach_copy_(update, v)
     torch._foreach_sqrt_(update)
     torch._foreach_mul_(update, 1.0 / math.sqrt(bc2))
     torch._foreach_add_(update, h.eps)

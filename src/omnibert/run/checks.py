@@ -2,7 +2,8 @@
 the checkpoint to resume, initial weights, clipping; and building config nodes so that a
 user error raised inside a constructor reaches the user as one sentence.
 
-Checkpoints are read lazily (``torch.load(mmap=True, weights_only=True)``): only the
+Checkpoints are read lazily (``torch.load(mmap=True, weights_only=True)`` where torch >= 2.1
+has ``mmap``; :func:`omnibert.compat.load_checkpoint`): only the
 hyper-parameters are looked at.
 """
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
+from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
 from omnibert.run.plan import TrainConfigError
 
@@ -192,7 +194,7 @@ def resolve_ckpt_path(ckpt_path: Any, checkpoint_dir: str | os.PathLike[str]) ->
 def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
     """The checkpoint to resume must hold the same model (read lazily with ``mmap``)."""
     try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        saved = load_checkpoint(ckpt, mmap=True)
     except Exception as err:
         raise TrainConfigError(
             f"ckpt_path={ckpt} cannot be read ({_root(err)}); pass an intact checkpoint."
@@ -263,7 +265,7 @@ def check_init_from(
         raise TrainConfigError(f"init_from={path} is a file of a TF checkpoint; {_tf1_hint(path)}.")
     else:
         try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            ckpt = load_checkpoint(path, mmap=True)
             saved = dict(ckpt["hyper_parameters"]["model_config"])
         except Exception as err:
             raise TrainConfigError(

@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from omnibert.compat import flop_counter_name, seed_everything
+
 __all__ = [
     "available_memory",
     "compile_only",
@@ -182,7 +184,6 @@ def compile_only(
 ) -> dict[str, Any]:
     """Run ``compile_only`` for the resolved config ``c`` and the derived ``plan`` (module doc);
     returns the report, also printed and written to ``output_dir``."""
-    import lightning.pytorch as pl
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from omnibert.models import BertConfig, BertForPreTraining
@@ -210,8 +211,7 @@ def compile_only(
             "per_optimizer_step": counted["flops_per_micro_batch"]
             * batch.accumulate_grad_batches
             * batch.world_size,
-            "counted_with": "torch.utils.flop_counter.FlopCounterMode, forward + backward, "
-            "meta device",
+            "counted_with": f"{flop_counter_name()}, forward + backward, meta device",
         },
         "memory_estimate_bytes": counted["memory"],
     }
@@ -226,7 +226,7 @@ def compile_only(
             f"{_gib(available)} the device has; the step was not run"
         )
     else:
-        pl.seed_everything(c["seed"], workers=False, verbose=False)
+        seed_everything(c["seed"], workers=False)
         model = BertForPreTraining(config)
         optimizer = plugin.build_optimizer(model.named_parameters(), c["optimizer"])
         real = _first_batch(datamodule)

@@ -31,6 +31,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     from omnibert.accelerators import build_plugin
+    from omnibert.compat import seed_everything
     from omnibert.convert.checkpoints import load_pretrained
     from omnibert.tasks.pretraining import PretrainingTask
 
@@ -49,7 +50,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     _check_fit(config, datamodule)
     task = PretrainingTask(model_config=config.to_dict(), vocab_file=loaded.vocab_file)
     task.model = loaded.model  # the loaded weights; the task brings the metrics
-    pl.seed_everything(c["seed"], workers=False, verbose=False)
+    seed_everything(c["seed"], workers=False)
     hardware = plugin.trainer_kwargs(str(c["precision"]))
     trainer = pl.Trainer(
         **hardware,

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
 from omnibert.run.plan import TrainConfigError
 
@@ -82,7 +82,7 @@ def phase_status(checkpoint_dir: str | Path, max_steps: int) -> tuple[str, Path]
     if not last.is_file():
         return "fresh", last
     try:
-        saved = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+        saved = load_checkpoint(last, mmap=True)
         step = int(saved["global_step"])
     except Exception as err:
         raise TrainConfigError(

@@ -121,7 +121,14 @@ def profiler_activities(accelerator: str) -> list[Any]:
     if accelerator == "hpu":
         import habana_frameworks.torch  # noqa: F401  (registers the HPU profiler backend)
 
-        activities.append(ProfilerActivity.HPU)
+        hpu = getattr(ProfilerActivity, "HPU", None)  # compat: not in every torch
+        if hpu is None:
+            raise TrainConfigError(
+                f"profile=true with accelerator=hpu traces ProfilerActivity.HPU, which torch "
+                f"{torch.__version__} does not have; run in Intel's Gaudi PyTorch container "
+                "(requirements-hpu.txt) or set profile=false."
+            )
+        activities.append(hpu)
     return activities
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from omnibert.compat import seed_everything
 from omnibert.paths import check_writable_dir
 from omnibert.run.checks import (
     RESUME_FILE,
@@ -309,20 +310,20 @@ def _mlperf_callback(prepared: Prepared, output_dir: Path | None) -> Any:
 
 def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     """The task (:func:`build_task`), callbacks, loggers and the Trainer."""
-    import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ProgressBar
 
-    from omnibert.callbacks import AtomicCheckpointIO
+    from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
     from omnibert.run.profiling import profiler_for_run
 
     cfg, c, plugin, plan = prepared.cfg, prepared.c, prepared.plugin, prepared.plan
     for name in remove_stale_temporaries(plan.checkpoint_dir):
         log.warning("removed %s, a checkpoint a killed process had not finished writing", name)
-    pl.seed_everything(c["seed"], workers=False, verbose=False)
+    seed_everything(c["seed"], workers=False)
     mlperf = _mlperf_callback(prepared, output_dir)  # logs init_start before the model
     task, loaded = build_task(prepared)
-    callbacks = _instantiate_all(cfg.get("callbacks")) + ([mlperf] if mlperf else [])
+    callbacks = [*_instantiate_all(cfg.get("callbacks")), CompletedBatchProgress()]
+    callbacks += [mlperf] if mlperf else []
     if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
         callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
@@ -346,6 +347,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
         hardware["profiler"] = profiler_for_run(prepared.profile, run_dir / "profile", plugin.name)
     trainer = instantiate_node(
         cfg.trainer,
+        _convert_="partial",  # plain lists: Lightning < 2.5 takes no ListConfig of plugins
         **{**hardware, **loop},
         callbacks=callbacks,
         logger=loggers or False,

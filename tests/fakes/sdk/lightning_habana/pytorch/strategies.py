@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .accelerator import REGISTERED
+
 
 class SingleHPUStrategy:
+    @classmethod
+    def register_strategies(cls, registry: Any) -> None:
+        REGISTERED.append(("strategies", registry))
+
     def __init__(self, device: Any = "hpu", accelerator: Any = None, **kwargs: Any) -> None:
         self.device = device
         self.accelerator = accelerator
@@ -13,6 +19,10 @@ class SingleHPUStrategy:
 
 
 class HPUParallelStrategy:
+    @classmethod
+    def register_strategies(cls, registry: Any) -> None:
+        REGISTERED.append(("strategies", registry))
+
     def __init__(
         self,
         accelerator: Any = None,
