@@ -148,3 +148,23 @@ def test_packed_samples_count_sequences_not_rows(tmp_path):
     micro = [next(loader) for _ in range(3 * rows // 2)]
     sequences = int(sum(b["nsp_weights"].sum() for b in micro))
     assert summary["mlperf"]["samples"] == sequences > 3 * rows
+
+
+def test_the_log_survives_a_library_that_reconfigures_logging(tmp_path):
+    """submitit runs logging.config.dictConfig when imported, which closes every handler and
+    disables registered loggers: the compliance log must go on regardless."""
+    import logging.config
+
+    from omnibert.callbacks.mlperf import MLPerfCompliance
+
+    submission = {"benchmark": "bert", "division": "open", "org": "x", "platform": "cpu",
+                  "status": "onprem"}  # fmt: skip
+    callback = MLPerfCompliance(tmp_path / "mlperf.log", target_accuracy=0.72,
+                                eval_every_samples=100, max_samples=None, submission=submission,
+                                hyperparameters={"seed": 1}, eval_samples=10)  # fmt: skip
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
+    callback._interval("end", "init_stop")
+    callback._close()
+    keys = [json.loads(x.removeprefix(":::MLLOG "))["key"]
+            for x in (tmp_path / "mlperf.log").read_text().splitlines()]  # fmt: skip
+    assert keys[:2] == ["cache_clear", "init_start"] and keys[-1] == "init_stop"

@@ -66,6 +66,19 @@ def mlperf_hyperparameters(c: Mapping[str, Any], accumulation: int) -> dict[str,
     }
 
 
+class _OwnedFileHandler(logging.FileHandler):
+    """A file handler that ``logging.shutdown`` (run by ``logging.config.dictConfig``) only
+    flushes; the callback closes it when the run ends."""
+
+    owner_closes = False
+
+    def close(self) -> None:
+        if self.owner_closes:
+            super().close()
+        else:
+            self.flush()
+
+
 class MLPerfCompliance(pl.Callback):
     """Evaluation cadence, stop at target and the compliance log (module docstring).
 
@@ -103,14 +116,16 @@ class MLPerfCompliance(pl.Callback):
         self._step = 0
         self._run_start: float | None = None
         self._run_seconds: float | None = None
-        self._handler: logging.Handler | None = None
+        self._handler: _OwnedFileHandler | None = None
         self.logger: Any = None
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            python_logger = logging.getLogger(f"omnibert.mlperf.{id(self)}")
+            # a logger outside logging's registry and a handler only we close: a library that
+            # calls logging.config.dictConfig on import (submitit does) disables registered
+            # loggers and closes every handler, which would silently end the log
+            python_logger = logging.Logger(f"omnibert.mlperf.{id(self)}", logging.INFO)
             python_logger.propagate = False
-            python_logger.setLevel(logging.INFO)
-            self._handler = logging.FileHandler(self.log_file, mode="w")
+            self._handler = _OwnedFileHandler(self.log_file, mode="w")
             python_logger.addHandler(self._handler)
             self.logger = MLLogger(logger=python_logger, default_stack_offset=2)
         self._event("cache_clear", True)
@@ -206,6 +221,7 @@ class MLPerfCompliance(pl.Callback):
 
     def _close(self) -> None:
         if self._handler is not None:
+            self._handler.owner_closes = True
             self._handler.close()
             self._handler = None
             self.logger = None
