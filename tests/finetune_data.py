@@ -29,9 +29,11 @@ def name(rng: random.Random, parts: int = 2) -> str:
     return word.capitalize()
 
 
-def squad_file(path: Path, countries: int, seed: int, odd_text: bool = False) -> Path:
+def squad_file(
+    path: Path, countries: int, seed: int, odd_text: bool = False, facts: int = 3
+) -> Path:
     """``countries`` paragraphs, one question per fact; a filler sentence first (so the
-    first-sentence baseline never holds an answer), the facts in random order. With
+    first-sentence baseline never holds an answer), ``facts`` facts in random order. With
     ``odd_text`` some answers carry accents and the context non-breaking spaces."""
     rng = random.Random(seed)
     data = []
@@ -43,6 +45,7 @@ def squad_file(path: Path, countries: int, seed: int, odd_text: bool = False) ->
             answers["capital"] = answers["capital"][:-1] + "é"
         order = list(FACTS)
         rng.shuffle(order)
+        order = order[:facts]
         sentences = [rng.choice(FILLERS).format(c=country)]
         sentences += [FACTS[key][0].format(c=country, x=answers[key]) for key in order]
         separator = "\u00a0 " if odd_text and i % 2 else " "
