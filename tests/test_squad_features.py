@@ -108,7 +108,9 @@ def test_several_gold_answers_read_and_training_uses_the_first(tmp_path, tok):
     payload = json.loads(path.read_text())
     qa = payload["data"][0]["paragraphs"][0]["qas"][0]
     text = qa["answers"][0]["text"]
-    qa["answers"].append({"text": text.split()[0], "answer_start": qa["answers"][0]["answer_start"]})
+    qa["answers"].append(
+        {"text": text.split()[0], "answer_start": qa["answers"][0]["answer_start"]}
+    )
     path.write_text(json.dumps(payload))
     examples = read_squad(path, "data.eval_file", training=False)
     assert len(examples[0].answers) == 2
@@ -129,6 +131,6 @@ def test_mrpc_reads_bare_quotes_as_text(tmp_path, tok):
     feats = pair_features(pairs, tok, max_seq_length=8)
     assert feats["input_ids"][:, 0].tolist() == [tok.token_to_id("[CLS]")] * 2
     assert feats["attention_mask"].sum(1).tolist() == [8, 7]  # cut longest-first to 8
-    with pytest.raises(FineTuneInputError, match="no labels|test file"):
+    with pytest.raises(FineTuneInputError, match=r"without labels"):
         path.write_text("index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\ta\tb\n")
         read_mrpc(path, "data.train_file", training=True)

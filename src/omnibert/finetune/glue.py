@@ -68,7 +68,7 @@ def read_mrpc(path: str | Path, key: str, training: bool) -> list[PairExample]:
             f"{key}={path} is a test file without labels (header starts with 'index'); "
             "train on GLUE's train.tsv."
         )
-    examples = []
+    examples: list[PairExample] = []
     for number, row in enumerate(rows[1:], start=2):
         if not row:
             continue

@@ -240,7 +240,7 @@ def squad_features(
             head = [cls_id, *query, sep_id]
             ids = [*head, *doc_ids[start : start + length], sep_id]
             offsets: list[tuple[int, int] | None] = [None] * len(head)
-            offsets += [tuple(o) for o in doc_offsets[start : start + length]]  # type: ignore[misc]
+            offsets += [tuple(o) for o in doc_offsets[start : start + length]]
             offsets.append(None)
             best = [False] * len(head)
             best += [is_max_context(spans, span_index, start + i) for i in range(length)]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig
 
@@ -62,10 +62,17 @@ class Inputs:
 
 def check_inputs(cfg: DictConfig) -> Inputs:
     """Everything checkable without torch: one sentence naming the key and the fix."""
-    from omnibert.paths import check_writable_dir
-    from omnibert.run.checks import resolve_config
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    c = resolve_config(cfg, EXAMPLE)
+    from omnibert.paths import check_writable_dir
+
+    try:  # not run.checks.resolve_config: that module imports Lightning
+        c = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    except OmegaConfBaseException as err:
+        raise FineTuneInputError(
+            f"the config does not resolve: {err}".splitlines()[0] + f"; {EXAMPLE}."
+        ) from err
     task = c.get("task") or {}
     fmt = task.get("format")
     if fmt not in FORMATS:
@@ -248,7 +255,7 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     log.info("fresh parameters (not in the checkpoint): %s", ", ".join(new))
     print(f"omnibert-finetune: initialised from {prepared.loaded.description}", flush=True)
     print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(new)}", flush=True)
-    loader = DataLoader(
+    loader: DataLoader[Any] = DataLoader(
         DictDataset(prepared.train_tensors),  # type: ignore[arg-type]
         batch_size=inputs.micro_batch_size,
         shuffle=True,
