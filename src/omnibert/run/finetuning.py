@@ -77,8 +77,8 @@ def check_inputs(cfg: DictConfig) -> Inputs:
     fmt = task.get("format")
     if fmt not in FORMATS:
         raise FineTuneInputError(
-            f"task={task.get('name')} has format={fmt!r}, which omnibert-finetune cannot run; "
-            f"use task=squad or task=mrpc (formats: {', '.join(FORMATS)})."
+            f"the task config ({task.get('_target_')}) is not a fine-tuning task (no "
+            f"task.format among {', '.join(FORMATS)}); use task=squad or task=mrpc."
         )
     recipe = {k: v for k, v in task.items() if not str(k).startswith("_")}
     for key in ("epochs", "batch_size", "max_seq_length", "eval_batch_size"):
