@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
+from omnibert.errors import UserError
 from omnibert.prepare.formats.hdf5 import write_hdf5
 from omnibert.prepare.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
@@ -119,7 +120,19 @@ EXTRA = {
     ("phase", "phase2"): ["phase.init_from=null"],  # no phase-1 run to start from here
     ("schedule", "step_table"): ["schedule.table=[[0,1.0e-4],[1,1.0e-3]]"],
 }
-OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
+# the fine-tuning tasks share the task group; omnibert-train refuses them (tested below)
+FINETUNE_TASKS = {"squad", "mrpc"}
+OPTIONS = [
+    (g, o) for g in GROUPS for o in group_options(g) if not (g == "task" and o in FINETUNE_TASKS)
+]
+
+
+@pytest.mark.parametrize("task", sorted(FINETUNE_TASKS))
+def test_pretraining_refuses_a_fine_tuning_task_with_the_app_to_use(task):
+    from omnibert.run.training import resolve
+
+    with pytest.raises(UserError, match=f"omnibert-finetune task={task}"):
+        resolve(compose("pretrain", [*SMOKE, f"task={task}"]))
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])

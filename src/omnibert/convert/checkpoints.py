@@ -33,6 +33,8 @@ class LoadedModel:
     kind: str  # "omnibert", "huggingface" or "tf1"
     description: str
     vocab_file: str | None = None
+    #: the heads the checkpoint lacked, left freshly initialised (``require_heads=False``)
+    fresh_heads: tuple[str, ...] = ()
 
 
 def checkpoint_kind(path: str | Path) -> str:
@@ -61,12 +63,16 @@ def checkpoint_kind(path: str | Path) -> str:
     )
 
 
-def load_pretrained(path: str | Path, bert_config: str | Path | None = None) -> LoadedModel:
+def load_pretrained(
+    path: str | Path, bert_config: str | Path | None = None, *, require_heads: bool = True
+) -> LoadedModel:
     """The pretraining model (encoder and MLM/NSP heads) stored at ``path``.
 
     ``bert_config`` is the Google-format ``bert_config.json`` of a TF1 checkpoint (default:
     the one next to it). A checkpoint without the pretraining heads (a bare ``BertModel``) is
-    refused: its masked-LM and next-sentence outputs would be random.
+    refused: its masked-LM and next-sentence outputs would be random; fine-tuning, which
+    reads only the encoder, passes ``require_heads=False`` and gets the missing heads listed
+    in ``fresh_heads``.
     """
     kind = checkpoint_kind(path)
     if kind == "omnibert":
@@ -78,7 +84,7 @@ def load_pretrained(path: str | Path, bert_config: str | Path | None = None) -> 
         config = read_hf_config(path)
         model = BertForPreTraining(config)
         report = init_from_hf(model, path)
-        if report.fresh_heads:
+        if report.fresh_heads and require_heads:
             raise ConversionError(
                 f"ckpt={path} has no {', '.join(report.fresh_heads)} weights (a bare BertModel), "
                 "so its masked-LM and next-sentence outputs would be random; pass a "
@@ -86,7 +92,12 @@ def load_pretrained(path: str | Path, bert_config: str | Path | None = None) -> 
             )
         vocab = Path(path) / "vocab.txt"
         return LoadedModel(
-            model, config, kind, report.summary(), str(vocab) if vocab.is_file() else None
+            model,
+            config,
+            kind,
+            report.summary(),
+            str(vocab) if vocab.is_file() else None,
+            tuple(report.fresh_heads),
         )
     return _load_tf1(Path(path), bert_config)
 

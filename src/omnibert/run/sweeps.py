@@ -11,7 +11,8 @@ table of all jobs at the end.
 * :class:`SweepReport` (a Hydra callback) collects every job's ``summary.json`` and
   ``compile_report.json`` when the sweep ends: a table printed and written to
   ``<sweep dir>/sweep_report.{json,md}`` (compile-only: what fits, memory, step time;
-  training: the final metrics, and their median and spread over the jobs).
+  training and fine-tuning: the final metrics, and their median, mean and spread over the
+  jobs).
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Median, min, max and standard deviation of every numeric metric over the jobs."""
+    """Median, mean, min, max and standard deviation of every numeric metric over the jobs
+    (a seed sweep of omnibert-finetune: the spread of its summaries' ``metrics``)."""
     out: dict[str, dict[str, float]] = {}
     skip = {"job", "kind", "steps", "micro_batch", "shape", "fits"}
     for key in {k for row in rows for k in row if k not in skip}:
@@ -133,6 +135,7 @@ def _spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if len(values) >= 2:
             out[key] = {
                 "median": statistics.median(values),
+                "mean": statistics.fmean(values),
                 "min": min(values),
                 "max": max(values),
                 "stdev": statistics.stdev(values),
@@ -157,7 +160,8 @@ class SweepReport(Callback):
         text = f"{_table(rows)}\n"
         for key, stats in sorted(spread.items()):
             text += (
-                f"\n{key}: median {stats['median']:.4f} (min {stats['min']:.4f}, max "
+                f"\n{key}: median {stats['median']:.4f}, mean {stats['mean']:.4f} (min "
+                f"{stats['min']:.4f}, max "
                 f"{stats['max']:.4f}, stdev {stats['stdev']:.4f}, {stats['jobs']} jobs)"
             )
         (sweep_dir / "sweep_report.md").write_text(text + "\n")

@@ -58,6 +58,12 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
         cfg, "e.g. omnibert-train data.train_path=<dir> data.eval_path=<dir> (or experiment=demo)"
     )
     validate(cfg)
+    task = c.get("task") or {}
+    if task.get("format") is not None:  # conf/task/squad.yaml, mrpc.yaml
+        raise TrainConfigError(
+            f"task={task.get('name')} is a fine-tuning task; run omnibert-finetune "
+            f"task={task.get('name')} (omnibert-train pretrains: task=pretraining)."
+        )
     return c
 
 

@@ -1,6 +1,7 @@
-"""LightningModules (pretraining; SQuAD and GLUE fine-tuning later) and the derived training
-plan of ``omnibert-train``."""
+"""LightningModules: pretraining (``omnibert-train``) and SQuAD / GLUE fine-tuning
+(``omnibert-finetune``)."""
 
+from omnibert.tasks.finetuning import QuestionAnsweringTask, SequenceClassificationTask
 from omnibert.tasks.pretraining import PretrainingTask
 
-__all__ = ["PretrainingTask"]
+__all__ = ["PretrainingTask", "QuestionAnsweringTask", "SequenceClassificationTask"]

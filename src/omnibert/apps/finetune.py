@@ -1,0 +1,71 @@
+"""``omnibert-finetune``: SQuAD v1.1 / GLUE MRPC fine-tuning, configured by
+``conf/finetune.yaml`` (the task's recipe in ``conf/task/<name>.yaml``).
+
+Wiring only (the steps live in :mod:`omnibert.run.finetuning`, which tests call too): check
+the command line, the config and the data files before any heavy import (one sentence and
+exit code 2 on a problem) → load the checkpoint's encoder, fit, predict the eval file → print
+and write ``summary.json`` (+ ``predictions.json`` or ``MRPC.tsv``) in the run directory.
+A ``-m`` sweep (``seed=1,2,3``) ends with Hydra's ``SweepReport``: each metric's median,
+mean, standard deviation, min and max over the jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.preflight import preflight
+from omnibert.apps.schema import register
+from omnibert.errors import exit_on
+
+register()
+
+#: the directories a run writes, checked before Hydra creates its run directory in them
+OUTPUT_KEYS = ("paths.output_root",)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Fine-tune as configured; returns the summary (also written to the run directory)."""
+    from omnibert.run.finetuning import check_inputs
+
+    check_inputs(cfg)  # config and data files, before torch and Lightning are imported
+    from omnibert.run.finetuning import run as run_finetuning
+
+    summary = run_finetuning(cfg)
+    if summary:
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in summary["metrics"].items())
+        print(
+            f"omnibert-finetune: done, {summary['steps']} steps in {summary['fit_seconds']:.1f} s;"
+            f" training loss {summary['train_loss_first']:.4f} -> "
+            f"{summary['train_loss_last']:.4f}\n  {summary['task']} on "
+            f"{summary['eval_examples']} eval examples: {metrics or '(no eval_file)'}\n"
+            f"  summary       {summary['run_dir']}/summary.json",
+            flush=True,
+        )
+    return summary
+
+
+def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
+    with exit_on("omnibert-finetune"):
+        return run(cfg)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    """One run; returns the main metric (SQuAD F1, MRPC accuracy) for a sweeper."""
+    summary = run_or_exit(cfg)
+    metrics = summary.get("metrics") or {}
+    value = metrics.get("accuracy", metrics.get("f1"))
+    return None if value is None else float(value)
+
+
+def main() -> None:
+    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS)
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""SQuAD v1.1: reading the official JSON, windows of features, and answers from logits.
+
+**Features** (Google's ``run_squad.py`` parameters: ``max_seq_length`` 384, ``doc_stride``
+128, ``max_query_length`` 64). The question's word pieces are cut to ``max_query_length``;
+the context is tokenised once, with character offsets into the *original* context (the fast
+tokenizer's alignment, so accents, non-breaking spaces and odd whitespace stay as written),
+and cut into windows of ``max_seq_length - len(question) - 3`` tokens whose starts are
+``doc_stride`` tokens apart (Google's meaning of the stride: the step between windows, not
+HF's overlap). Each window is ``[CLS] question [SEP] window [SEP]`` padded to
+``max_seq_length``. A token that sits in several windows is scored only in the one where it
+has the most context on both sides (Google's ``_check_is_max_context``).
+
+**Training labels**: the answer's first and last token (the tokens its character span
+touches). A window that does not hold the whole answer is labelled ``(0, 0)``, the [CLS]
+token (Hugging Face's behaviour), never dropped: every window teaches the model something
+about where answers are not.
+
+**Post-processing**: per window the ``n_best`` highest start and end logits; pairs inside
+the context, end not before start, at most ``max_answer_length`` tokens, start at a token's
+max-context window; the score is start + end logit over all windows of a question; the text
+is cut from the original context by the offsets (no detokenisation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnibert.finetune.tokenizer import FineTuneInputError
+
+__all__ = [
+    "Prediction",
+    "SquadExample",
+    "SquadFeatures",
+    "best_answers",
+    "check_squad_file",
+    "read_squad",
+    "squad_features",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SquadExample:
+    """One question over its context; ``answers`` are (text, character start) pairs."""
+
+    qid: str
+    question: str
+    context: str
+    answers: tuple[tuple[str, int], ...] = ()
+
+
+def check_squad_file(path: str | Path, key: str) -> list[dict[str, Any]]:
+    """The ``data`` list of a SQuAD v1.1 JSON file; one sentence naming ``key`` and the fix
+    when it is missing, not JSON or not SQuAD-shaped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FineTuneInputError(
+            f"{key}={path} does not exist; download it (README: Fine-tuning and inference) "
+            "or point it at a SQuAD v1.1 JSON file."
+        )
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise FineTuneInputError(
+            f"{key}={path} is not JSON ({type(err).__name__}); task=squad reads the official "
+            "SQuAD v1.1 JSON (train-v1.1.json / dev-v1.1.json); a GLUE TSV needs task=mrpc."
+        ) from err
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        raise FineTuneInputError(
+            f'{key}={path} has no top-level "data" list; task=squad reads the official '
+            'SQuAD v1.1 JSON ({"version": ..., "data": [{"paragraphs": [...]}]}).'
+        )
+    for article in data:
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("context"), str) and "qas" in p
+            for p in paragraphs
+        ):
+            raise FineTuneInputError(
+                f'{key}={path}: every "data" entry needs "paragraphs" with "context" and '
+                '"qas" (the SQuAD v1.1 layout); fix or re-download the file.'
+            )
+    return data
+
+
+def read_squad(path: str | Path, key: str, training: bool) -> list[SquadExample]:
+    """The questions of a SQuAD v1.1 file. In training every question needs an answer whose
+    ``answer_start`` points at its text in the context (one that does not is skipped with a
+    warning, as Google's reader does)."""
+    examples = []
+    skipped = 0
+    for article in check_squad_file(path, key):
+        for paragraph in article["paragraphs"]:
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                if not isinstance(qa, dict) or "id" not in qa or "question" not in qa:
+                    raise FineTuneInputError(
+                        f'{key}={path}: a "qas" entry lacks "id" or "question"; fix the file.'
+                    )
+                answers = tuple(
+                    (str(a["text"]), int(a["answer_start"])) for a in qa.get("answers", [])
+                )
+                if training:
+                    if not answers:
+                        raise FineTuneInputError(
+                            f"{key}={path}: question {qa['id']} has no answer; training needs "
+                            "one per question (SQuAD v1.1, not v2.0's unanswerable ones)."
+                        )
+                    text, start = answers[0]
+                    if context[start : start + len(text)] != text:
+                        skipped += 1
+                        continue
+                examples.append(SquadExample(str(qa["id"]), qa["question"], context, answers))
+    if skipped:
+        log.warning("%s: skipped %d question(s) whose answer_start misses the text", path, skipped)
+    if not examples:
+        raise FineTuneInputError(f"{key}={path} holds no questions; pass a non-empty SQuAD file.")
+    return examples
+
+
+@dataclass
+class SquadFeatures:
+    """Windows of all examples: model inputs ``[N,S]``, labels ``[N]`` (training), and per
+    window the example it belongs to, each token's character span in the context (``None``
+    outside the context) and whether the window is that token's max-context one."""
+
+    input_ids: np.ndarray
+    segment_ids: np.ndarray
+    attention_mask: np.ndarray
+    start_positions: np.ndarray
+    end_positions: np.ndarray
+    example_index: np.ndarray
+    offsets: list[list[tuple[int, int] | None]] = field(default_factory=list)
+    max_context: list[list[bool]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.example_index)
+
+    def tensors(self, training: bool) -> dict[str, Any]:
+        import torch
+
+        out = {
+            "input_ids": torch.from_numpy(self.input_ids),
+            "segment_ids": torch.from_numpy(self.segment_ids),
+            "attention_mask": torch.from_numpy(self.attention_mask),
+        }
+        if training:
+            out["start_positions"] = torch.from_numpy(self.start_positions)
+            out["end_positions"] = torch.from_numpy(self.end_positions)
+        return out
+
+
+def windows(num_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each window over ``num_tokens`` tokens (Google's loop)."""
+    spans = []
+    start = 0
+    while start < num_tokens:
+        length = min(num_tokens - start, window)
+        spans.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, stride)
+    return spans or [(0, 0)]
+
+
+def is_max_context(spans: Sequence[tuple[int, int]], current: int, position: int) -> bool:
+    """Whether window ``current`` gives token ``position`` its most context: the largest
+    min(left, right) context plus 0.01 × the window's length (Google's tie-break)."""
+    best_score, best = -1.0, None
+    for index, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if score > best_score:
+            best_score, best = score, index
+    return best == current
+
+
+def _answer_tokens(
+    offsets: Sequence[tuple[int, int]], char_start: int, char_end: int
+) -> tuple[int, int]:
+    """First and last context token that the character span ``[char_start, char_end)``
+    touches."""
+    first = next(i for i, (_, end) in enumerate(offsets) if end > char_start)
+    last = max(i for i, (start, _) in enumerate(offsets) if start < char_end)
+    return first, max(first, last)
+
+
+def squad_features(
+    examples: Sequence[SquadExample],
+    tokenizer: Any,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    training: bool = False,
+) -> SquadFeatures:
+    """The windows of ``examples`` (module docstring); labels when ``training``."""
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    pad_id = tokenizer.token_to_id("[PAD]")
+    contexts = sorted({ex.context for ex in examples})
+    context_enc = dict(
+        zip(contexts, tokenizer.encode_batch(contexts, add_special_tokens=False), strict=True)
+    )
+    questions = tokenizer.encode_batch([ex.question for ex in examples], add_special_tokens=False)
+    rows: list[list[int]] = []
+    segments: list[list[int]] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    owner: list[int] = []
+    lengths: list[int] = []
+    all_offsets: list[list[tuple[int, int] | None]] = []
+    all_max: list[list[bool]] = []
+    for index, (example, question) in enumerate(zip(examples, questions, strict=True)):
+        query = question.ids[:max_query_length]
+        doc = context_enc[example.context]
+        doc_ids, doc_offsets = doc.ids, doc.offsets
+        room = max_seq_length - len(query) - 3
+        if room < 1:
+            raise FineTuneInputError(
+                f"task.max_seq_length={max_seq_length} leaves no room for the context after a "
+                f"{len(query)}-token question; raise it or lower task.max_query_length."
+            )
+        answer = None
+        if training and example.answers and doc_ids:
+            text, char_start = example.answers[0]
+            answer = _answer_tokens(doc_offsets, char_start, char_start + len(text))
+        spans = windows(len(doc_ids), room, doc_stride)
+        for span_index, (start, length) in enumerate(spans):
+            head = [cls_id, *query, sep_id]
+            ids = [*head, *doc_ids[start : start + length], sep_id]
+            offsets: list[tuple[int, int] | None] = [None] * len(head)
+            offsets += [tuple(o) for o in doc_offsets[start : start + length]]
+            offsets.append(None)
+            best = [False] * len(head)
+            best += [is_max_context(spans, span_index, start + i) for i in range(length)]
+            best.append(False)
+            label = (0, 0)
+            if answer is not None and start <= answer[0] and answer[1] < start + length:
+                label = (answer[0] - start + len(head), answer[1] - start + len(head))
+            pad = max_seq_length - len(ids)
+            lengths.append(len(ids))
+            rows.append(ids + [pad_id] * pad)
+            segments.append([0] * len(head) + [1] * (length + 1) + [0] * pad)
+            starts.append(label[0])
+            ends.append(label[1])
+            owner.append(index)
+            all_offsets.append(offsets + [None] * pad)
+            all_max.append(best + [False] * pad)
+    input_ids = np.asarray(rows, dtype=np.int64)
+    return SquadFeatures(
+        input_ids=input_ids,
+        segment_ids=np.asarray(segments, dtype=np.int64),
+        attention_mask=(
+            np.arange(max_seq_length)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]
+        ).astype(np.int64),
+        start_positions=np.asarray(starts, dtype=np.int64),
+        end_positions=np.asarray(ends, dtype=np.int64),
+        example_index=np.asarray(owner, dtype=np.int64),
+        offsets=all_offsets,
+        max_context=all_max,
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The best answer of a question: its text, start + end logit, and its probability among
+    the n-best candidates (softmax of their scores)."""
+
+    text: str
+    score: float
+    probability: float
+    char_span: tuple[int, int] | None
+
+
+def best_answers(
+    examples: Sequence[SquadExample],
+    features: SquadFeatures,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+) -> dict[str, Prediction]:
+    """Question id -> :class:`Prediction` from the windows' logits (module docstring)."""
+    by_example: dict[int, list[int]] = {}
+    for row, example in enumerate(features.example_index.tolist()):
+        by_example.setdefault(example, []).append(row)
+    out: dict[str, Prediction] = {}
+    for index, example in enumerate(examples):
+        candidates: list[tuple[float, int, int]] = []  # (score, char start, char end)
+        for row in by_example.get(index, []):
+            offsets, best = features.offsets[row], features.max_context[row]
+            starts = np.argsort(-start_logits[row], kind="stable")[:n_best]
+            ends = np.argsort(-end_logits[row], kind="stable")[:n_best]
+            for s in starts.tolist():
+                first = offsets[s]
+                if first is None or not best[s]:
+                    continue
+                for e in ends.tolist():
+                    last = offsets[e]
+                    if last is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    score = float(start_logits[row, s]) + float(end_logits[row, e])
+                    candidates.append((score, first[0], last[1]))
+        out[example.qid] = _pick(example.context, candidates, n_best)
+    return out
+
+
+def _pick(context: str, candidates: list[tuple[float, int, int]], n_best: int) -> Prediction:
+    if not candidates:
+        return Prediction("", 0.0, 0.0, None)
+    candidates.sort(key=lambda c: -c[0])
+    seen: dict[str, tuple[float, int, int]] = {}
+    for score, start, end in candidates:  # distinct texts, best score first (Google's n-best)
+        seen.setdefault(context[start:end], (score, start, end))
+        if len(seen) == n_best:
+            break
+    scores = [s for s, _, _ in seen.values()]
+    top = max(scores)
+    total = sum(math.exp(s - top) for s in scores)
+    text, (score, start, end) = next(iter(seen.items()))
+    return Prediction(text, score, 1.0 / total, (start, end))
+
+
+def write_predictions(path: Path, predictions: Mapping[str, Prediction]) -> None:
+    """The official predictions file: ``{question id: answer text}``."""
+    path.write_text(json.dumps({k: p.text for k, p in predictions.items()}, indent=1) + "\n")

@@ -1,0 +1,115 @@
+"""Fine-tuning heads on the BERT encoder, with Hugging Face's module and parameter names.
+
+* :class:`BertForQuestionAnswering`: ``bert`` + ``qa_outputs = Linear(hidden, 2)`` giving start
+  and end logits per token (``transformers.BertForQuestionAnswering``, whose ``bert`` has no
+  pooler: ours keeps the encoder's pooler, unused, so that any BERT checkpoint loads as is;
+  the export leaves it out).
+* :class:`BertForSequenceClassification`: ``bert`` + pooler on [CLS] + dropout +
+  ``classifier = Linear(hidden, num_labels)`` (``transformers.BertForSequenceClassification``).
+
+Both take ``input_ids``, ``segment_ids`` and ``attention_mask`` ``[B,S]`` (1 real, 0 padding).
+The encoder's attention is block-diagonal over the mask: real tokens see real tokens only, as
+in Hugging Face; padding rows see padding only, so their outputs differ from Hugging Face's,
+which nobody reads (the QA losses and post-processing never look at padding).
+The heads start from N(0, 0.02²) weights (``initializer_range``) and zero biases.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from omnibert.models.bert import BertModel
+from omnibert.models.config import BertConfig
+
+__all__ = ["HEAD_KEYS", "BertForQuestionAnswering", "BertForSequenceClassification"]
+
+#: the parameters each head adds to the encoder (freshly initialised when fine-tuning starts)
+HEAD_KEYS = {
+    "question_answering": ("qa_outputs.weight", "qa_outputs.bias"),
+    "classification": ("classifier.weight", "classifier.bias"),
+}
+
+
+def _encode(bert: BertModel, input_ids: Tensor, segment_ids: Tensor, mask: Tensor) -> Tensor:
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    hidden: Tensor = bert(input_ids, segment_ids, positions, mask.long())
+    return hidden
+
+
+def _init_linear(layer: nn.Linear, std: float) -> None:
+    with torch.no_grad():
+        layer.weight.normal_(0.0, std)
+        if layer.bias is not None:
+            layer.bias.zero_()
+
+
+def _init_encoder(model: nn.Module, std: float) -> None:
+    """Google BERT's init for an encoder that ``init_from`` will overwrite anyway."""
+    from omnibert.models.bert import truncated_normal_
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                truncated_normal_(module.weight, std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Extractive QA: start and end logits ``[B,S]`` (float32)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        _init_encoder(self, config.initializer_range)
+        _init_linear(self.qa_outputs, config.initializer_range)
+
+    def reset_head(self) -> None:
+        _init_linear(self.qa_outputs, self.config.initializer_range)
+
+    def forward(
+        self, input_ids: Tensor, segment_ids: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        hidden = _encode(self.bert, input_ids, segment_ids, attention_mask)
+        logits = self.qa_outputs(hidden).float()
+        start, end = logits.unbind(-1)
+        return start, end
+
+    @staticmethod
+    def loss(start: Tensor, end: Tensor, start_positions: Tensor, end_positions: Tensor) -> Tensor:
+        """Mean of the start and end cross-entropies (Hugging Face's QA loss)."""
+        return (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
+
+
+class BertForSequenceClassification(nn.Module):
+    """Sentence(-pair) classification on the pooled [CLS]: logits ``[B,num_labels]``."""
+
+    def __init__(self, config: BertConfig, num_labels: int = 2) -> None:
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        _init_encoder(self, config.initializer_range)
+        _init_linear(self.classifier, config.initializer_range)
+
+    def reset_head(self) -> None:
+        _init_linear(self.classifier, self.config.initializer_range)
+
+    def forward(self, input_ids: Tensor, segment_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = _encode(self.bert, input_ids, segment_ids, attention_mask)
+        pooled = self.bert.pooler(hidden[:, 0])
+        logits: Tensor = self.classifier(self.dropout(pooled)).float()
+        return logits
+
+    @staticmethod
+    def loss(logits: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(logits, labels)

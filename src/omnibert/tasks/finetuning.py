@@ -1,0 +1,166 @@
+"""Fine-tuning LightningModules: extractive QA (SQuAD) and sentence-pair classification
+(GLUE MRPC) on the BERT encoder.
+
+Like :class:`~omnibert.tasks.PretrainingTask` they keep plain data in ``hparams`` (the model
+config, the optimiser and schedule ``_target_`` dicts, the task's recipe, where the encoder
+came from, the vocab), so a fine-tuned checkpoint reloads from itself with
+``load_from_checkpoint`` (what ``omnibert-predict`` does). ``state_dict`` keys are
+``"model." + <Hugging Face name>`` (``bert.*``, ``qa_outputs.*``, ``classifier.*``).
+
+The encoder's weights come from :meth:`FineTuningTask.load_encoder` (a model read by
+:func:`omnibert.convert.checkpoints.load_pretrained`); the head stays freshly initialised and
+the keys that were new are returned for the run's log. The optimiser is the configured one
+(AdamW, no decay on bias/LayerNorm) with the configured per-step schedule (linear warmup and
+decay). The training losses of every step are kept (``train_losses``) for the summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from torch import Tensor, nn
+
+from omnibert.models import BertConfig
+from omnibert.models.heads import (
+    HEAD_KEYS,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+)
+from omnibert.tasks.pretraining import plain
+
+__all__ = ["FineTuningTask", "QuestionAnsweringTask", "SequenceClassificationTask"]
+
+
+class FineTuningTask(pl.LightningModule):
+    """What both fine-tuning tasks share: hparams, encoder loading, optimisation, losses.
+
+    Args:
+        model_config: :class:`~omnibert.models.BertConfig` fields (the checkpoint's).
+        optimizer: a ``_partial_`` optimiser config called with ``named_parameters()``.
+        schedule: a ``_partial_`` LR-scheduler config called with the optimiser and
+            ``total_steps``; ``None`` keeps the LR constant.
+        total_steps: the run's optimiser steps (epochs × steps per epoch).
+        recipe: the task node's settings (``conf/task/<name>.yaml`` without ``_target_``):
+            sequence lengths, post-processing limits, ...; inference reads them back.
+        init_from: where the encoder came from (recorded; the app loads it).
+        vocab_file: the vocab.txt the data is tokenised with (the run's copy).
+    """
+
+    head = "question_answering"
+
+    def __init__(
+        self,
+        model_config: Mapping[str, Any],
+        optimizer: Mapping[str, Any] | None = None,
+        schedule: Mapping[str, Any] | None = None,
+        total_steps: int | None = None,
+        recipe: Mapping[str, Any] | None = None,
+        init_from: str | None = None,
+        vocab_file: str | None = None,
+    ) -> None:
+        super().__init__()
+        config = BertConfig(**plain(model_config))
+        self.save_hyperparameters(
+            {
+                "model_config": dataclasses.asdict(config),
+                "optimizer": plain(optimizer),
+                "schedule": plain(schedule),
+                "total_steps": total_steps,
+                "recipe": plain(recipe) or {},
+                "init_from": None if init_from is None else str(init_from),
+                "vocab_file": None if vocab_file is None else str(vocab_file),
+            }
+        )
+        self.config = config
+        self.model = self.build_model(config)
+        self.train_losses: list[Tensor] = []
+
+    def build_model(self, config: BertConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def load_encoder(
+        self, encoder_state: Mapping[str, Tensor], fresh: tuple[str, ...]
+    ) -> list[str]:
+        """Copy the pretrained encoder (``bert.*`` keys without the prefix) in; returns the
+        parameter names left freshly initialised (the head, and the pooler when the
+        checkpoint had none: ``fresh`` lists such encoder modules, e.g. ``bert.pooler``)."""
+        bert: nn.Module = self.model.bert  # type: ignore[assignment]
+        bert.load_state_dict(dict(encoder_state), strict=True)
+        new = list(HEAD_KEYS[self.head])
+        for module in fresh:
+            if module.startswith("bert."):
+                sub = bert.get_submodule(module.removeprefix("bert."))
+                new += [f"{module}.{name}" for name, _ in sub.named_parameters()]
+        return new
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self) -> Any:
+        optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
+            self.model.named_parameters()
+        )
+        if self.hparams["schedule"] is None:
+            return optimizer
+        total = self.hparams.get("total_steps") or int(self.trainer.max_steps)
+        scheduler = instantiate(self.hparams["schedule"], _convert_="all")(
+            optimizer, total_steps=total
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    def _record(self, loss: Tensor) -> Tensor:
+        self.train_losses.append(loss.detach().float())
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def losses(self) -> list[float]:
+        """Every training micro-batch's loss so far, as floats (one host sync)."""
+        if not self.train_losses:
+            return []
+        return [float(x) for x in torch.stack(self.train_losses).cpu()]
+
+
+class QuestionAnsweringTask(FineTuningTask):
+    """SQuAD: start/end logits, loss = mean of the two cross-entropies."""
+
+    head = "question_answering"
+
+    def build_model(self, config: BertConfig) -> nn.Module:
+        return BertForQuestionAnswering(config)
+
+    def forward(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        start, end = self.model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
+        return start, end
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        start, end = self(batch)
+        loss = BertForQuestionAnswering.loss(
+            start, end, batch["start_positions"], batch["end_positions"]
+        )
+        return self._record(loss)
+
+
+class SequenceClassificationTask(FineTuningTask):
+    """GLUE sentence-pair classification: logits over ``recipe['num_labels']`` classes."""
+
+    head = "classification"
+
+    def build_model(self, config: BertConfig) -> nn.Module:
+        labels = int(self.hparams["recipe"].get("num_labels", 2))
+        return BertForSequenceClassification(config, labels)
+
+    def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
+        logits: Tensor = self.model(
+            batch["input_ids"], batch["segment_ids"], batch["attention_mask"]
+        )
+        return logits
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss = BertForSequenceClassification.loss(self(batch), batch["labels"])
+        return self._record(loss)
