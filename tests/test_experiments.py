@@ -52,6 +52,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 #: the small ones for a laptop and the tests, checked by training elsewhere (test_train_config)
 SMALL = {"demo", "demo_two_phase", "mlperf_smoke", "smoke", "smoke_two_phase", "two_phase"}
+#: the fine-tuning recipes (omnibert-finetune): task, epochs, LR, global batch
+FINETUNE = {"squad_bert_base": ("squad", 3, 5e-5, 32), "mrpc_bert_base": ("mrpc", 3, 2e-5, 32)}
 
 
 @pytest.fixture
@@ -68,7 +70,16 @@ def fake_sdk(monkeypatch):
 
 
 def test_every_experiment_is_listed_here():
-    assert set(group_options("experiment")) == set(RECIPES) | SMALL
+    assert set(group_options("experiment")) == set(RECIPES) | SMALL | set(FINETUNE)
+
+
+@pytest.mark.parametrize("name", sorted(FINETUNE))
+def test_the_fine_tuning_experiments_set_the_published_recipe(name, tmp_path):
+    task, epochs, lr, batch = FINETUNE[name]
+    cfg = compose("finetune", [f"experiment={name}", f"paths.output_root={tmp_path}"])
+    assert (cfg.task.name, cfg.task.epochs, cfg.task.batch_size) == (task, epochs, batch)
+    assert cfg.task.lr == lr and cfg.optimizer.lr == lr  # the optimiser reads the task's
+    assert cfg.run_name == f"{task}-bert-base-seed{cfg.seed}"
 
 
 def _overrides(name: str, recipe: dict[str, Any], tmp_path: Path) -> list[str]:
