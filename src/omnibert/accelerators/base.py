@@ -38,6 +38,11 @@ class AcceleratorPlugin:
     """
 
     name = "base"
+    #: each Lightning process samples ``micro_batch_size`` rows per batch out of
+    #: ``devices * num_nodes`` shares (the batch plan's layout), so a checkpoint's sampler
+    #: position can be checked against the plan before the Trainer starts (not on IPU, whose
+    #: one host process loads every replica's rows)
+    samples_as_planned = True
     #: precisions (Lightning spelling) this backend runs; others stop before any compute
     precisions: tuple[str, ...] = ("32-true", "32", "bf16-mixed", "bf16-true")
 

@@ -21,11 +21,13 @@ import torch
 from omegaconf import DictConfig
 
 from omnibert.compat import seed_everything
+from omnibert.errors import UserError
 from omnibert.paths import check_writable_dir
 from omnibert.run.checks import (
     RESUME_FILE,
     check_init_from,
     check_optimizer,
+    check_resume_position,
     check_resume_target,
     describe_clipping,
     instantiate_node,
@@ -109,6 +111,9 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugin.check_precision(str(c["trainer"].get("precision")))
     batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
     plan = dataclasses.replace(plan_run(c, datamodule, batch), micro_batch_choice=choice.reason)
+    if plan.ckpt_path is not None and plugin.samples_as_planned:
+        sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
+        check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
     profile = check_profile(c)
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
 
@@ -389,7 +394,14 @@ def fit(run: Run) -> dict[str, Any]:
     plan = prepared.plan
     start = time.perf_counter()
     try:
-        trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+        try:
+            trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+        except RuntimeError as err:
+            # Lightning's teardown can fail while a user error from restoring the loader
+            # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
+            if isinstance(err.__context__, UserError):
+                raise err.__context__ from None
+            raise
         seconds = time.perf_counter() - start
         if trainer.is_global_zero:  # finished: nothing left to resume after a time limit
             (Path(plan.checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)
