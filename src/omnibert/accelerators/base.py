@@ -85,6 +85,11 @@ class AcceleratorPlugin:
                 f"use one of {', '.join(self.precisions)}."
             )
 
+    def configure_threads(self, num_workers: int) -> str:
+        """Set this process's host threads for training with ``num_workers`` loader workers
+        and say what and why (``""``: left as they are)."""
+        return ""
+
     # ------------------------------------------------------------------ Trainer
     def trainer_kwargs(self, precision: str) -> dict[str, Any]:
         """Trainer arguments: accelerator, devices, num_nodes, strategy, precision, plugins.

@@ -110,7 +110,10 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
     plugin.check_precision(str(c["trainer"].get("precision")))
     batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
-    plan = dataclasses.replace(plan_run(c, datamodule, batch), micro_batch_choice=choice.reason)
+    threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    plan = dataclasses.replace(
+        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
+    )
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
         check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
