@@ -88,8 +88,10 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
     ]
     if val:
         lines.append(
-            f"  validation    mlm_acc {val['val/mlm_acc']:.4f}  nsp_acc {val['val/nsp_acc']:.4f}"
-            f"  loss {val['val/loss']:.4f} (step {int(val['step'])})"
+            f"  validation    MLM accuracy {val['val/mlm_acc']:.4f} (majority baseline "
+            f"{val['val/mlm_majority_baseline']:.4f}), NSP accuracy {val['val/nsp_acc']:.4f} "
+            f"(majority baseline {val['val/nsp_majority_baseline']:.4f}), loss "
+            f"{val['val/loss']:.4f} (step {int(val['step'])})"
         )
     if speed.get("samples_per_sec"):
         lines.append(

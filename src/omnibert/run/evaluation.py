@@ -79,6 +79,8 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         "masked_tokens": int(val.get("val/mlm_count", 0)),
         "mlm_accuracy": val.get("val/mlm_acc"),
         "nsp_accuracy": val.get("val/nsp_acc"),
+        "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
+        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
         "mlm_loss": val.get("val/mlm_loss"),
         "nsp_loss": val.get("val/nsp_loss"),
         "loss": val.get("val/loss"),

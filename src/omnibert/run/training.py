@@ -388,6 +388,17 @@ def finish_loggers(loggers: list[Any]) -> None:
             experiment.finish()
 
 
+def majority_baselines(validation: dict[str, float] | None) -> dict[str, float | None]:
+    """``mlm_majority_baseline`` / ``nsp_majority_baseline``: the accuracy of always
+    predicting the eval set's most frequent masked token / NSP label (what an accuracy is
+    to be compared with; None without validation)."""
+    val = validation or {}
+    return {
+        "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
+        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
+    }
+
+
 def fit(run: Run) -> dict[str, Any]:
     """Train, validate on the whole eval set at the end, return the summary."""
     from omnibert.callbacks import PretrainingThroughput
@@ -421,6 +432,7 @@ def fit(run: Run) -> dict[str, Any]:
         "steps": trainer.global_step,
         "fit_seconds": round(seconds, 3),
         "validation": task.last_validation,
+        **majority_baselines(task.last_validation),
         "throughput": throughput.summary() if throughput is not None else {},
         **({"mlperf": mlperf.summary()} if mlperf is not None else {}),
         "checkpoint_dir": plan.checkpoint_dir,
