@@ -33,7 +33,10 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     from omnibert.accelerators import build_plugin
     from omnibert.compat import seed_everything
     from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.run.training import quiet_third_party_deprecations
     from omnibert.tasks.pretraining import PretrainingTask
+
+    quiet_third_party_deprecations()
 
     c = resolve_config(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>")
     size = c["eval_micro_batch_size"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,8 +98,25 @@ def _plugin(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     return plugin, plugin.environment()
 
 
+def quiet_third_party_deprecations() -> None:
+    """Silence two deprecation warnings every run printed that come from third-party code
+    calling torch's deprecated APIs, not from omnibert (matched by message and by the
+    module the warning is attributed to, nothing else): torchdata's ``StatefulDataLoader``
+    calls ``torch.set_vital`` (torchdata 0.11), Lightning's ``_pytree`` builds a
+    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10)."""
+    warnings.filterwarnings(
+        "ignore", message=r"'set_vital' is deprecated", category=UserWarning,
+        module=r"torchdata\.stateful_dataloader",
+    )  # fmt: skip
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree",
+    )  # fmt: skip
+
+
 def prepare(cfg: DictConfig) -> Prepared:
     """Derive and check everything before compute (module docstring); builds no model."""
+    quiet_third_party_deprecations()
     from omnibert.run.profiling import check_profile
     from omnibert.run.slurm import check_slurm_layout
 
@@ -142,6 +161,7 @@ def _batch_and_data(
     )
     datamodule.check()
     world = acc["devices"] * acc["num_nodes"]
+    check_enough_data(c["phase"]["global_batch_size"], datamodule, world, requested)
     vocab = resolve_vocab_size(c["model"]["config"], datamodule.vocab_size)
     choice = choose_micro_batch(
         BertConfig(**{**c["model"]["config"], "vocab_size": vocab}),
@@ -172,6 +192,29 @@ def _batch_and_data(
         datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.check()
     return batch, datamodule, choice
+
+
+def check_enough_data(global_batch: int, datamodule: Any, world: int, micro: int | None) -> None:
+    """One global batch of sequences must fit in the training set; otherwise name
+    ``phase.global_batch_size`` with the largest value that works (a multiple of
+    ``micro_batch_size × devices`` when the micro batch is set, else of the devices)."""
+    sequences = int(datamodule.num_train_samples)
+    if global_batch <= sequences:
+        return
+    unit = world * (micro or 1)
+    largest = sequences // unit * unit
+    where = getattr(datamodule.source, "train_path", None)
+    origin = f"data.train_path={where}" if where else "the training set"
+    fix = (
+        f"set phase.global_batch_size={largest} (the largest that fits) or smaller"
+        if largest
+        else "use fewer devices or a smaller micro_batch_size"
+    )
+    raise TrainConfigError(
+        f"{origin} holds {sequences:,} sequences, fewer than one global batch of "
+        f"phase.global_batch_size={global_batch:,}; {fix}, or use more data (experiment="
+        "quickstart is sized for a few MB of text)."
+    )
 
 
 def check_data(cfg: DictConfig) -> None:
@@ -229,11 +272,12 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
     clipping = describe_clipping(micro_clip, c["optimizer"], c["trainer"].get("gradient_clip_val"))
     steps_per_epoch = datamodule.num_train_rows // batch.rows_per_step
     if steps_per_epoch < 1:
+        fits = int(batch.global_batch_size * datamodule.num_train_rows / batch.rows_per_step)
         raise TrainConfigError(
             f"the training set has {datamodule.num_train_samples} sequences in "
             f"{datamodule.num_train_rows} rows, fewer than one global batch of "
             f"{batch.rows_per_step} rows (phase.global_batch_size={batch.global_batch_size}); "
-            "use more data or a smaller global batch."
+            f"set phase.global_batch_size to about {fits} or less, or use more data."
         )
     cap = c.get("steps_per_epoch")
     if cap is not None:
@@ -321,6 +365,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     from lightning.pytorch.callbacks import ProgressBar
 
     from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
+    from omnibert.callbacks.progress import select_progress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
     from omnibert.run.profiling import profiler_for_run
 
@@ -336,6 +381,8 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
         callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    # a terminal gets the progress bar, a log file step-counting lines (callbacks/progress.py)
+    callbacks = select_progress(callbacks, sys.stdout.isatty(), plan.batch.sequences_per_step)
     loggers = build_loggers(prepared)
     plugin.compile_model(task.model)
     # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
