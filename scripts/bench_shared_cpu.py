@@ -14,7 +14,9 @@ vocab). Two settings:
 * ``omnibert``: the accelerator config's defaults (threads from the usable CPUs minus the
   loader worker, ``OMP_WAIT_POLICY=PASSIVE``).
 
-each idle and with one competing CPU-bound process (``python -c "while True: pass"``;
+(``--ablation`` adds ``threads only``: omnibert's thread count with the runtime's wait policy,
+and ``passive only``: torch's thread count with ``OMP_WAIT_POLICY=PASSIVE``), each idle and
+with one competing CPU-bound process (``python -c "while True: pass"``;
 ``--pin`` pins it to the last CPU of this process's affinity mask), interleaved over
 ``--rounds``. Prints sequences/s of each run (the app's own throughput, from its first
 logging point on, so start-up is not counted), the median per cell and, per setting, loaded
@@ -39,6 +41,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "outputs" / "demo"
 SETTINGS = ("torch default", "omnibert")
+#: ``--ablation``: each half of the change alone
+ABLATION = ("threads only", "passive only")
 
 
 def _data_overrides() -> tuple[list[str], str]:
@@ -76,9 +80,10 @@ def run_once(setting: str, steps: int, workdir: Path, tag: str) -> float:
         f"paths.output_root={workdir}",
         f"hydra.run.dir={workdir / tag}",
     ]
-    if setting == "torch default":
-        overrides += [f"accelerator.threads={torch.get_num_threads()}",
-                      "accelerator.omp_wait_policy=null"]  # fmt: skip
+    if setting in ("torch default", "passive only"):
+        overrides.append(f"accelerator.threads={torch.get_num_threads()}")
+    if setting in ("torch default", "threads only"):
+        overrides.append("accelerator.omp_wait_policy=null")
     result = subprocess.run(
         [sys.executable, "-m", "omnibert.apps.train", *overrides],
         cwd=ROOT, env=_env(setting), capture_output=True, text=True,
@@ -101,7 +106,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pin", action="store_true", help="pin the competitor to one CPU")
+    parser.add_argument("--ablation", action="store_true", help="also each half alone")
     args = parser.parse_args()
+    settings = SETTINGS + (ABLATION if args.ablation else ())
     from omnibert.threads import usable_cpus
 
     _, source = _data_overrides()
@@ -127,7 +134,7 @@ def main() -> None:
                     state = "1 competitor" if loaded else "idle"
                     print(f"  round {r + 1}  {setting:<13}  {state:<12}  {rate:7.1f} seq/s",
                           flush=True)  # fmt: skip
-    for setting in SETTINGS:
+    for setting in settings:
         idle = statistics.median(results[(setting, False)])
         loaded = statistics.median(results[(setting, True)])
         print(f"{setting:<13}  idle {idle:7.1f} seq/s  with 1 competitor {loaded:7.1f} seq/s  "

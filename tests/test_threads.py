@@ -190,3 +190,16 @@ def test_config_errors_stop_before_torch_is_imported(tmp_path, override, sentenc
     assert result.stderr.strip().splitlines() == [f"omnibert-train: error: {sentence}; fix "
                                                   f"{override.split('=')[0]}."]  # fmt: skip
     assert result.stdout.strip() == "torch imported: False"
+
+
+def test_benchmarks_pick_the_precision_the_cpu_runs(monkeypatch):
+    _avx2(monkeypatch)
+    precision, why = cpu_bf16.bench_precision("auto")
+    assert precision == "fp32" and "no native bf16" in why and "AVX2" in why
+    assert cpu_bf16.bench_precision("bf16")[0] == "bf16"  # asked for: run, with a note
+    assert "very slow" in cpu_bf16.bench_precision("bf16")[1]
+    monkeypatch.setattr(
+        cpu_bf16, "native_bf16_flags", lambda: {"avx512_bf16": False, "amx_bf16": True}
+    )
+    assert cpu_bf16.bench_precision("auto")[0] == "bf16"
+    assert cpu_bf16.bench_precision("fp32") == ("fp32", "as requested")

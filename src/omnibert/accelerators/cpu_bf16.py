@@ -99,3 +99,17 @@ def cpu_bf16_support() -> Bf16Support:
         native = ratio <= SLOW_RATIO
         reason = f"this CPU (capability {capability}): {timing}"
     return Bf16Support(native, capability, flags, round(bf16_ms, 3), round(fp32_ms, 3), reason)
+
+
+def bench_precision(requested: str) -> tuple[str, str]:
+    """The precision (``bf16`` / ``fp32``) a CPU benchmark runs for ``--precision
+    requested`` (``auto``: bf16 where this CPU runs it natively, else fp32) and why."""
+    if requested == "fp32":
+        return "fp32", "as requested"
+    support = cpu_bf16_support()
+    if requested == "bf16":
+        note = "" if support.native else " (this CPU emulates bf16: expect it to be very slow)"
+        return "bf16", f"as requested; {support.reason}{note}"
+    if support.native:
+        return "bf16", f"auto: {support.reason}"
+    return "fp32", f"auto: no native bf16, {support.reason}"
