@@ -121,7 +121,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for loaded in (False, True):
-                for setting in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
+                for setting in settings if r % 2 == 0 else settings[::-1]:
                     proc = competitor(args.pin) if loaded else None
                     try:
                         tag = f"r{r}-{'loaded' if loaded else 'idle'}-{setting.replace(' ', '_')}"

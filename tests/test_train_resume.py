@@ -76,6 +76,9 @@ def _in_process(root: Path, *overrides: str) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        # one intra-op thread whatever data.num_workers (the automatic choice subtracts the
+        # loader workers, and another thread count sums in another order: not bitwise)
+        overrides = ("accelerator.threads=1", *overrides)
         return run_or_exit(_compose(root, *SMOKE[1:], *overrides), root / "out")
     finally:
         torch.set_num_threads(threads)
