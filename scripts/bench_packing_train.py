@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from omnibert.accelerators.cpu_bf16 import bench_precision
 from omnibert.models import BertConfig, BertForPreTraining
 
 SIZES = {"tiny": (2, 128, 2, 512), "small": (4, 512, 8, 2048), "base": (12, 768, 12, 3072)}
@@ -91,10 +92,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per side per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="auto: bf16 where this CPU runs it natively (AVX512-BF16/AMX), else fp32",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    args.precision, why = bench_precision(args.precision)
+    print(f"precision {args.precision}: {why}", flush=True)
     torch.set_num_threads(args.threads)
 
     data = {name: batches(args, name) for name in ("none", "online")}

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 import transformers
 
+from omnibert.accelerators.cpu_bf16 import bench_precision
 from omnibert.models import BertConfig, BertForPreTraining
 
 SIZES = {  # layers, hidden, heads, intermediate
@@ -152,7 +153,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="auto: bf16 where this CPU runs it natively (AVX512-BF16/AMX), else fp32",
+    )
     parser.add_argument(
         "--adamw",
         choices=["fused", "foreach", "for-loop"],
@@ -163,6 +169,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    args.precision, why = bench_precision(args.precision)
+    print(f"precision {args.precision}: {why}", flush=True)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -120,10 +120,14 @@ def main() -> None:
     )
     print(
         f"  held-out MLM  accuracy {accuracy:.3f} on {baseline.eval_masked:,} masked tokens; "
-        f"always predicting the most frequent masked token scores {baseline.accuracy:.3f} "
-        f"({accuracy / baseline.accuracy:.1f}x)"
+        f"always predicting the training set's most frequent masked token scores "
+        f"{baseline.accuracy:.3f} ({accuracy / baseline.accuracy:.1f}x), the eval set's own "
+        f"{summary['mlm_majority_baseline']:.3f} (majority baseline)"
     )
-    print(f"  held-out NSP  accuracy {validation['val/nsp_acc']:.3f} (chance 0.5)")
+    print(
+        f"  held-out NSP  accuracy {validation['val/nsp_acc']:.3f} (majority baseline "
+        f"{summary['nsp_majority_baseline']:.3f}: always the eval set's most frequent label)"
+    )
     print(f"  checkpoints   {summary['checkpoint_dir']}")
     print(f"  export        {hf_dir} (transformers.BertForPreTraining.from_pretrained)")
     print(

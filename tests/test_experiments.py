@@ -51,7 +51,8 @@ RECIPES: dict[str, dict[str, Any]] = {
                     "precision": "16-mixed"},
 }  # fmt: skip
 #: the small ones for a laptop and the tests, checked by training elsewhere (test_train_config)
-SMALL = {"demo", "demo_two_phase", "mlperf_smoke", "smoke", "smoke_two_phase", "two_phase"}
+SMALL = {"demo", "demo_two_phase", "mlperf_smoke", "quickstart", "smoke", "smoke_two_phase",
+         "two_phase"}  # fmt: skip
 #: the fine-tuning recipes (omnibert-finetune): task, epochs, LR, global batch
 FINETUNE = {"squad_bert_base": ("squad", 3, 5e-5, 32), "mrpc_bert_base": ("mrpc", 3, 2e-5, 32)}
 

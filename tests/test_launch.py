@@ -73,7 +73,8 @@ def test_a_job_requeued_at_its_time_limit_resumes_to_the_uninterrupted_result(tm
     torch.set_num_threads(1)  # as the job (OMP_NUM_THREADS=1): the same sums, bit for bit
     try:
         straight = run_or_exit(compose("pretrain", [*common, f"paths.output_root={tmp_path}",
-                                                    "run_name=straight"]), None)  # fmt: skip
+                                                    "run_name=straight", "accelerator.threads=1"]),
+                               None)  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     sweep = tmp_path / "sweep"

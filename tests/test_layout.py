@@ -73,10 +73,17 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted((SRC / "accelerators").glob("*.py")), ids=lambda p: p.name)
 def test_accelerator_plugins_depend_only_on_torch_lightning_and_the_model(path):
-    allowed = ("omnibert.accelerators", "omnibert.models", "omnibert.errors", "omnibert.compat")
+    allowed = ("omnibert.accelerators", "omnibert.models", "omnibert.errors", "omnibert.compat",
+               "omnibert.threads")  # fmt: skip
     ours = {m for m in _imports(path) if m.split(".")[0] == "omnibert"}
     outside = sorted(m for m in ours if not m.startswith(allowed))
     assert outside == [], f"{path.name} imports {outside}"
+
+
+def test_the_thread_choice_imports_no_torch():
+    """omnibert.threads runs in omnibert-train before torch loads (the OpenMP wait policy)."""
+    imported = {m.split(".")[0] for m in _imports(SRC / "threads.py")}
+    assert imported <= {"__future__", "collections", "math", "os", "pathlib", "sys", "omnibert"}
 
 
 def test_the_compat_shims_import_only_torch_and_lightning():

@@ -130,6 +130,7 @@ def _run(root: Path, *overrides: str) -> dict:
             *PACKED,
             f"data.length_histogram={root / 'hist.json'}",
             f"paths.output_root={root}",
+            "accelerator.threads=1",  # the automatic choice depends on data.num_workers
             *overrides,
         ],
     )

@@ -47,7 +47,8 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> dict:
     torch.set_num_threads(1)
     try:
         summary = run_or_exit(
-            compose("pretrain", [*TWO, f"paths.output_root={root}"]), root / "out"
+            compose("pretrain", [*TWO, f"paths.output_root={root}", "accelerator.threads=1"]),
+            root / "out",
         )
     finally:
         torch.set_num_threads(threads)

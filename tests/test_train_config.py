@@ -141,7 +141,7 @@ def test_every_option_composes_and_runs_a_step(files, tmp_path, capsys, monkeypa
     monkeypatch.setenv("WANDB_SILENT", "true")
     if group == "data":
         data = _data_overrides(option, files)
-    elif option in ("demo", "mlperf_smoke"):  # the demo's data, made small
+    elif option in ("demo", "mlperf_smoke", "quickstart"):  # the demo's data, made small
         data = _data_overrides("arrow", files)[1:]
     elif option in ("two_phase", "demo_two_phase"):  # each phase on the test's shards, small
         data = _data_overrides("arrow", files)[3:]
@@ -289,6 +289,12 @@ def test_experiments_are_small(tmp_path):
     assert demo["data"]["train_path"] == "outputs/demo/train"
     assert demo["model"]["config"]["num_hidden_layers"] <= 4
     assert demo["phase"]["max_steps"] * demo["phase"]["global_batch_size"] <= 50_000
+    quick = _c(f"paths.output_root={tmp_path}", "experiment=quickstart", "data.train_path=d",
+               "data.eval_path=e")  # fmt: skip
+    assert quick["model"]["config"]["num_hidden_layers"] <= 4
+    assert quick["phase"]["global_batch_size"] <= 64
+    assert quick["phase"]["max_steps"] * quick["phase"]["global_batch_size"] <= 50_000
+    assert quick["val_every_n_steps"] <= quick["phase"]["max_steps"] // 4
 
 
 # ---------------------------------------------------------------- derived batch arithmetic

@@ -76,6 +76,9 @@ def _in_process(root: Path, *overrides: str) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        # one intra-op thread whatever data.num_workers (the automatic choice subtracts the
+        # loader workers, and another thread count sums in another order: not bitwise)
+        overrides = ("accelerator.threads=1", *overrides)
         return run_or_exit(_compose(root, *SMOKE[1:], *overrides), root / "out")
     finally:
         torch.set_num_threads(threads)
@@ -306,3 +309,20 @@ def test_temporaries_of_killed_writers_are_removed_and_checkpoints_kept(tmp_path
     assert remove_stale_temporaries(tmp_path) == [".last.ckpt.tmp-4242"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
     assert remove_stale_temporaries(tmp_path / "absent") == []
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_resuming_with_another_micro_batch_is_refused_before_training(tmp_path, workers):
+    """The sampler's own sentence, exit 2, not Lightning's teardown error (issue 16, point 5);
+    with a loader worker the position is in torchdata's worker snapshot format."""
+    _in_process(tmp_path, "phase.max_steps=2", f"data.num_workers={workers}")
+    ckpts = tmp_path / "smoke" / "checkpoints"
+    before = {p.name: p.stat().st_mtime_ns for p in ckpts.iterdir()}
+    result = _train(tmp_path, "ckpt_path=last", "micro_batch_size=2", f"data.num_workers={workers}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("omnibert-train: error: the checkpoint's data sampler"), lines
+    assert "batch_size=4 (now 2)" in lines[-1] and "micro_batch_size" in lines[-1]
+    assert "Traceback" not in result.stderr and "combined_loader" not in result.stderr
+    assert "omnibert-train: environment" not in result.stdout  # before the plan is printed
+    assert {p.name: p.stat().st_mtime_ns for p in ckpts.iterdir()} == before

@@ -38,6 +38,11 @@ class AcceleratorPlugin:
     """
 
     name = "base"
+    #: each Lightning process samples ``micro_batch_size`` rows per batch out of
+    #: ``devices * num_nodes`` shares (the batch plan's layout), so a checkpoint's sampler
+    #: position can be checked against the plan before the Trainer starts (not on IPU, whose
+    #: one host process loads every replica's rows)
+    samples_as_planned = True
     #: precisions (Lightning spelling) this backend runs; others stop before any compute
     precisions: tuple[str, ...] = ("32-true", "32", "bf16-mixed", "bf16-true")
 
@@ -79,6 +84,11 @@ class AcceleratorPlugin:
                 f"trainer.precision={precision} is not supported by accelerator={self.name}; "
                 f"use one of {', '.join(self.precisions)}."
             )
+
+    def configure_threads(self, num_workers: int) -> str:
+        """Set this process's host threads for training with ``num_workers`` loader workers
+        and say what and why (``""``: left as they are)."""
+        return ""
 
     # ------------------------------------------------------------------ Trainer
     def trainer_kwargs(self, precision: str) -> dict[str, Any]:

@@ -1,13 +1,22 @@
-"""CPU: fp32 or bf16 autocast, one process per ``devices`` (gloo DDP for more than one)."""
+"""CPU: fp32 or bf16 autocast, one process per ``devices`` (gloo DDP for more than one).
+
+Threads: :mod:`omnibert.threads` (the CPUs this process may use, minus its loader workers;
+waiting OpenMP threads sleep). bf16: refused on a CPU without native bf16
+(:mod:`omnibert.accelerators.cpu_bf16`) unless ``allow_slow_bf16``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import torch
 from torch import nn
 
-from omnibert.accelerators.base import AcceleratorPlugin
+from omnibert.accelerators.base import AcceleratorError, AcceleratorPlugin
+from omnibert.accelerators.cpu_bf16 import Bf16Support, cpu_bf16_support
 from omnibert.compat import compile_in_place
+from omnibert.threads import WAIT_POLICIES, choose_threads, set_wait_policy_env
 
 __all__ = ["CPUPlugin", "compile_in_place"]
 
@@ -18,6 +27,12 @@ class CPUPlugin(AcceleratorPlugin):
     Args:
         compile: ``torch.compile`` the model's forward in place before training.
         compile_options: ``torch.compile`` keyword arguments (``mode``, ``dynamic``, ...).
+        threads: intra-op threads per process; ``None``: ``OMP_NUM_THREADS`` if set, else
+            the CPUs this process may use minus its loader workers (:mod:`omnibert.threads`).
+        omp_wait_policy: ``passive`` (waiting OpenMP threads sleep), ``active`` (they spin)
+            or ``None`` (the runtime's default); set before torch loads by ``omnibert-train``.
+        allow_slow_bf16: run bf16 on a CPU without native bf16 (emulated: orders of
+            magnitude slower than fp32) instead of refusing.
     """
 
     name = "cpu"
@@ -31,10 +46,56 @@ class CPUPlugin(AcceleratorPlugin):
         accelerator: str | None = None,
         compile: bool = False,
         compile_options: dict[str, Any] | None = None,
+        threads: int | None = None,
+        omp_wait_policy: str | None = "passive",
+        allow_slow_bf16: bool = False,
     ) -> None:
         super().__init__(devices, num_nodes, strategy, accelerator)
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise AcceleratorError(
+                f"accelerator.threads={threads!r} must be a positive integer, or null to choose "
+                "from the CPUs this process may use."
+            )
+        if omp_wait_policy not in (None, *WAIT_POLICIES):
+            raise AcceleratorError(
+                f"accelerator.omp_wait_policy={omp_wait_policy!r} is not a wait policy; use "
+                "passive, active or null (the OpenMP runtime's default)."
+            )
         self.compile = bool(compile)
         self.compile_options = dict(compile_options or {})
+        self.threads = threads
+        self.omp_wait_policy = omp_wait_policy
+        self.allow_slow_bf16 = bool(allow_slow_bf16)
+        self._bf16: Bf16Support | None = None
+
+    def check_precision(self, precision: str) -> None:
+        super().check_precision(precision)
+        if not str(precision).startswith("bf16") or self.allow_slow_bf16:
+            return
+        support = self.bf16_support()
+        if not support.native:
+            raise AcceleratorError(
+                f"trainer.precision={precision} on a CPU without native bf16: {support.reason}, "
+                "so bf16 would train orders of magnitude slower than fp32; use trainer=default "
+                "(fp32), or set accelerator.allow_slow_bf16=true to run it anyway."
+            )
+
+    def bf16_support(self) -> Bf16Support:
+        """:func:`~omnibert.accelerators.cpu_bf16.cpu_bf16_support`, measured once."""
+        if self._bf16 is None:
+            self._bf16 = cpu_bf16_support()
+        return self._bf16
+
+    def configure_threads(self, num_workers: int) -> str:
+        """Set torch's intra-/inter-op threads (:mod:`omnibert.threads`); what and why."""
+        threads, reason = choose_threads(self.threads, num_workers, self.devices)
+        torch.set_num_threads(threads)
+        with contextlib.suppress(RuntimeError):  # only before the first inter-op work
+            torch.set_num_interop_threads(threads)
+        policy = set_wait_policy_env(self.omp_wait_policy)
+        return f"{threads} intra-op ({reason}); {policy}"
 
     def trainer_kwargs(self, precision: str) -> dict[str, Any]:
         kwargs = super().trainer_kwargs(precision)
@@ -46,4 +107,8 @@ class CPUPlugin(AcceleratorPlugin):
         return compile_in_place(model, self.compile_options) if self.compile else model
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "compile": self.compile}
+        out = {**super().describe(), "compile": self.compile, "threads": self.threads}
+        out["omp_wait_policy"] = self.omp_wait_policy
+        if self._bf16 is not None:
+            out["bf16"] = self._bf16.to_dict()
+        return out

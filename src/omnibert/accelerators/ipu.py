@@ -66,6 +66,7 @@ class IPUPlugin(AcceleratorPlugin):
     """
 
     name = "ipu"
+    samples_as_planned = False
     precisions = ("32-true", "32", "16-true")
 
     def __init__(

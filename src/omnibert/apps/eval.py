@@ -33,8 +33,10 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     print(
         f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}) on "
         f"{report['samples']:,} samples, {report['masked_tokens']:,} masked tokens\n"
-        f"  masked-LM accuracy  {report['mlm_accuracy']:.5f}\n"
-        f"  next-sentence acc.  {report['nsp_accuracy']:.5f}\n"
+        f"  masked-LM accuracy  {report['mlm_accuracy']:.5f} (majority baseline "
+        f"{report['mlm_majority_baseline']:.5f})\n"
+        f"  next-sentence acc.  {report['nsp_accuracy']:.5f} (majority baseline "
+        f"{report['nsp_majority_baseline']:.5f})\n"
         f"  loss                {report['loss']:.5f} (masked-LM {report['mlm_loss']:.5f}, "
         f"next-sentence {report['nsp_loss']:.5f})\n"
         f"  report              {', '.join(str(p) for p in paths) or '(not written)'}",

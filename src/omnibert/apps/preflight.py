@@ -8,6 +8,10 @@ command line before the app's code runs:
   before the app starts, so an unwritable one used to be a traceback; the app's output
   keys and Hydra's directory are checked here with :func:`omnibert.paths.check_writable_dir`.
 
+* an app's ``checks`` (``omnibert-train``: value ranges, data paths that do not exist) run
+  on that composed config, so such errors appear in about a second instead of after the
+  seconds torch, Lightning and the data libraries take to import.
+
 The command line is composed once the way Hydra will compose it (a multirun sweep by its
 first value, so ``-m`` keeps working); anything else that goes wrong is left to Hydra,
 which reports it as before.
@@ -18,45 +22,87 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from omnibert.errors import UserError, exit_on
 from omnibert.paths import check_writable_dir
 
-__all__ = ["ConfigKeyError", "check_command_line", "preflight"]
+__all__ = ["ConfigKeyError", "MissingPathError", "check_command_line", "check_paths", "preflight"]
+
+Check = Callable[[Any], None]
 
 
 class ConfigKeyError(UserError):
     """A command-line key or group option that the config does not have."""
 
 
-def preflight(app: str, config_name: str, output_keys: Sequence[str]) -> None:
-    """:func:`check_command_line` on ``sys.argv``; a problem is one line and exit code 2."""
+class MissingPathError(UserError):
+    """An input path of the config does not exist."""
+
+
+def preflight(
+    app: str, config_name: str, output_keys: Sequence[str], checks: Sequence[Check] = ()
+) -> Any:
+    """:func:`check_command_line` on ``sys.argv``; a problem is one line and exit code 2.
+    Returns the composed config (None when it was not composed)."""
     with exit_on(app):
-        check_command_line(config_name, output_keys, sys.argv[1:])
+        return check_command_line(config_name, output_keys, sys.argv[1:], checks)
 
 
-def check_command_line(config_name: str, output_keys: Sequence[str], argv: Sequence[str]) -> None:
-    """Raise :class:`ConfigKeyError` for an unknown key or group option in ``argv``, and
+def check_command_line(
+    config_name: str,
+    output_keys: Sequence[str],
+    argv: Sequence[str],
+    checks: Sequence[Check] = (),
+) -> Any:
+    """Raise :class:`ConfigKeyError` for an unknown key or group option in ``argv``,
     :class:`omnibert.paths.PathError` when an ``output_keys`` directory or Hydra's run (or
-    sweep) directory cannot be written."""
+    sweep) directory cannot be written, and what ``checks`` raise for the composed config
+    (a :class:`UserError` only: anything else is left for the app to report). Returns the
+    composed config of a run that will write, else None."""
     args = _parse(argv)
     if args is None or args.help or args.hydra_help or args.info or args.shell_completion:
-        return
+        return None
     if args.config_path or args.config_dir or args.experimental_rerun:
-        return  # another config than the packaged one: Hydra reports its own problems
+        return None  # another config than the packaged one: Hydra reports its own problems
     overrides = _single_run(args.overrides)
     if overrides is None:
-        return
+        return None
     cfg = _compose(args.config_name or config_name, overrides)
     if cfg is None or args.cfg:  # --cfg only prints the config: nothing is written
-        return
+        return None
     hydra_dir = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
     for key in (*output_keys, hydra_dir):
         value = _select(cfg, key)
         if isinstance(value, str) and value and value != "???":
             check_writable_dir(value, key)
+    for check in checks:
+        try:
+            check(cfg)
+        except UserError:
+            raise
+        except Exception:  # an interpolation, a key a check did not expect: the app says
+            pass
+    return cfg
+
+
+def check_paths(keys: Sequence[str]) -> Check:
+    """A check that each of ``keys`` (``data.train_path``, ...) that is set and is not a glob
+    names something that exists (relative to the working directory, as the app reads it)."""
+
+    def check(cfg: Any) -> None:
+        import glob
+        from pathlib import Path
+
+        for key in keys:
+            value = _select(cfg, key)
+            if not isinstance(value, str) or value in ("", "???") or glob.has_magic(value):
+                continue
+            if not Path(value).exists():
+                raise MissingPathError(f"{key}={value} does not exist; fix {key}.")
+
+    return check
 
 
 def _parse(argv: Sequence[str]) -> Any:

@@ -17,9 +17,10 @@ import hydra
 from omegaconf import DictConfig
 
 from omnibert.apps.compose import CONFIG_PATH
-from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
+from omnibert.apps.preflight import check_paths, preflight
+from omnibert.apps.schema import register, validate
 from omnibert.errors import exit_on
+from omnibert.threads import set_wait_policy_env
 
 register()
 
@@ -87,8 +88,10 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
     ]
     if val:
         lines.append(
-            f"  validation    mlm_acc {val['val/mlm_acc']:.4f}  nsp_acc {val['val/nsp_acc']:.4f}"
-            f"  loss {val['val/loss']:.4f} (step {int(val['step'])})"
+            f"  validation    MLM accuracy {val['val/mlm_acc']:.4f} (majority baseline "
+            f"{val['val/mlm_majority_baseline']:.4f}), NSP accuracy {val['val/nsp_acc']:.4f} "
+            f"(majority baseline {val['val/nsp_majority_baseline']:.4f}), loss "
+            f"{val['val/loss']:.4f} (step {int(val['step'])})"
         )
     if speed.get("samples_per_sec"):
         lines.append(
@@ -138,9 +141,24 @@ def final_mlm_accuracy(summary: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
+#: checked on the composed command line before torch and Lightning are imported
+EARLY_CHECKS = (validate, check_paths(("data.train_path", "data.eval_path", "data.vocab_file")))
+
+
 def main() -> None:
-    preflight("omnibert-train", "pretrain", OUTPUT_KEYS)
+    cfg = preflight("omnibert-train", "pretrain", OUTPUT_KEYS, EARLY_CHECKS)
+    # before anything imports torch: the OpenMP runtime reads its wait policy when it loads
+    policy = None if cfg is None else _select_policy(cfg)
+    with exit_on("omnibert-train"):
+        set_wait_policy_env(policy)
     _hydra_main()
+
+
+def _select_policy(cfg: DictConfig) -> str | None:
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, "accelerator.omp_wait_policy", default=None)
+    return None if value is None else str(value)
 
 
 if __name__ == "__main__":

@@ -250,13 +250,16 @@ class PretrainingDataModule(pl.LightningDataModule):
             self.source.masked_lm_prob,
         )
 
-    def train_batch_sampler(self, batch_size: int | None = None, rank: int | None = None) -> Any:
-        """This rank's training sampler (``batch_size`` rows or packs per micro batch)."""
+    def train_batch_sampler(
+        self, batch_size: int | None = None, rank: int | None = None, world_size: int | None = None
+    ) -> Any:
+        """This rank's training sampler (``batch_size`` rows or packs per micro batch;
+        ``world_size``: the ranks it shares the data with, before the Trainer has set them)."""
         size = batch_size or self.micro_batch_size
         where: dict[str, Any] = {
             "shuffle": self.shuffle,
             "seed": self.seed,
-            "num_replicas": self.world_size,
+            "num_replicas": self.world_size if world_size is None else world_size,
             "rank": self.rank if rank is None else rank,
         }
         s = self.packing

@@ -221,7 +221,10 @@ class PackedBatchSampler:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        same = "data, packing settings, micro batch size, number of devices and seed"
+        same = (
+            "data, data.pack settings, micro_batch_size (derived from phase.global_batch_size "
+            "when null), accelerator.devices and seed"
+        )
         check_saved_state(self, state, self._CHECKED, "packing sampler", same)
         cursor = tuple(int(x) for x in state["cursor"])
         assert len(cursor) == 3

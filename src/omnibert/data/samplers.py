@@ -163,7 +163,10 @@ class ResumableBatchSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         keys = ("num_samples", "batch_size", "num_replicas", "seed", "shuffle", "drop_last")
-        same = "data, micro batch size, number of devices and seed"
+        same = (
+            "data, micro_batch_size (derived from phase.global_batch_size when null), "
+            "accelerator.devices and seed"
+        )
         check_saved_state(self, state, keys, "data sampler", same)
         self.epoch = int(state["epoch"])
         self._position = int(state["position"])

@@ -210,6 +210,38 @@ def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
         )
 
 
+def saved_sampler_state(ckpt: str) -> dict[str, Any] | None:
+    """The training sampler's saved position in a Lightning checkpoint (read lazily), as
+    torchdata's ``StatefulDataLoader`` (with or without workers) or
+    :class:`~omnibert.data.loaders.SamplerStateDataLoader` stored it; ``None`` when the
+    checkpoint holds no loader state (Lightning restores nothing then)."""
+    try:
+        saved = load_checkpoint(ckpt, mmap=True)
+        loaders = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    except (KeyError, TypeError):
+        return None
+    except Exception as err:
+        raise TrainConfigError(
+            f"ckpt_path={ckpt} cannot be read ({_root(err)}); pass an intact checkpoint."
+        ) from err
+    if not loaders or not isinstance(loaders[0], Mapping):
+        return None
+    state = loaders[0]
+    main = state.get("_snapshot", {}).get("_main_snapshot", state)
+    sampler = main.get("_index_sampler_state")
+    return dict(sampler) if isinstance(sampler, Mapping) else None
+
+
+def check_resume_position(ckpt: str, sampler: Any) -> None:
+    """The checkpoint's sampler position must belong to ``sampler`` (the training sampler
+    this run will build): a resume with another batch size, data or seed raises the
+    sampler's :class:`~omnibert.data.samplers.SamplerStateError` here, before the Trainer
+    starts (inside ``trainer.fit`` Lightning's teardown hides it behind its own error)."""
+    state = saved_sampler_state(ckpt)
+    if state is not None:
+        sampler.load_state_dict(state)
+
+
 #: BertConfig fields that may differ between a run and the weights it starts from
 REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
 

@@ -33,7 +33,10 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     from omnibert.accelerators import build_plugin
     from omnibert.compat import seed_everything
     from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.run.training import quiet_third_party_deprecations
     from omnibert.tasks.pretraining import PretrainingTask
+
+    quiet_third_party_deprecations()
 
     c = resolve_config(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>")
     size = c["eval_micro_batch_size"]
@@ -79,6 +82,8 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         "masked_tokens": int(val.get("val/mlm_count", 0)),
         "mlm_accuracy": val.get("val/mlm_acc"),
         "nsp_accuracy": val.get("val/nsp_acc"),
+        "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
+        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
         "mlm_loss": val.get("val/mlm_loss"),
         "nsp_loss": val.get("val/nsp_loss"),
         "loss": val.get("val/loss"),

@@ -133,6 +133,8 @@ class TrainPlan:
     data: dict[str, Any]
     #: how the micro batch was chosen (omnibert.run.memory)
     micro_batch_choice: str = ""
+    #: the host threads and OpenMP wait policy the accelerator set, and why (omnibert.threads)
+    threads: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -176,6 +178,7 @@ class TrainPlan:
             ("eval samples", f"{self.data.get('eval_samples')}"),
             ("validation", val),
             ("vocab size", f"{self.vocab_size}"),
+            *([("CPU threads", self.threads)] if self.threads else []),
             ("precision", self.precision),
             ("clipping", self.clipping),
             ("init from", self._init_description()),

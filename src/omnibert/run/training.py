@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,13 @@ import torch
 from omegaconf import DictConfig
 
 from omnibert.compat import seed_everything
+from omnibert.errors import UserError
 from omnibert.paths import check_writable_dir
 from omnibert.run.checks import (
     RESUME_FILE,
     check_init_from,
     check_optimizer,
+    check_resume_position,
     check_resume_target,
     describe_clipping,
     instantiate_node,
@@ -100,8 +104,25 @@ def _plugin(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     return plugin, plugin.environment()
 
 
+def quiet_third_party_deprecations() -> None:
+    """Silence two deprecation warnings every run printed that come from third-party code
+    calling torch's deprecated APIs, not from omnibert (matched by message and by the
+    module the warning is attributed to, nothing else): torchdata's ``StatefulDataLoader``
+    calls ``torch.set_vital`` (torchdata 0.11), Lightning's ``_pytree`` builds a
+    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10)."""
+    warnings.filterwarnings(
+        "ignore", message=r"'set_vital' is deprecated", category=UserWarning,
+        module=r"torchdata\.stateful_dataloader",
+    )  # fmt: skip
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree",
+    )  # fmt: skip
+
+
 def prepare(cfg: DictConfig) -> Prepared:
     """Derive and check everything before compute (module docstring); builds no model."""
+    quiet_third_party_deprecations()
     from omnibert.run.profiling import check_profile
     from omnibert.run.slurm import check_slurm_layout
 
@@ -114,7 +135,13 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
     plugin.check_precision(str(c["trainer"].get("precision")))
     batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
-    plan = dataclasses.replace(plan_run(c, datamodule, batch), micro_batch_choice=choice.reason)
+    threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    plan = dataclasses.replace(
+        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
+    )
+    if plan.ckpt_path is not None and plugin.samples_as_planned:
+        sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
+        check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
     profile = check_profile(c)
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
 
@@ -140,6 +167,7 @@ def _batch_and_data(
     )
     datamodule.check()
     world = acc["devices"] * acc["num_nodes"]
+    check_enough_data(c["phase"]["global_batch_size"], datamodule, world, requested)
     vocab = resolve_vocab_size(c["model"]["config"], datamodule.vocab_size)
     choice = choose_micro_batch(
         BertConfig(**{**c["model"]["config"], "vocab_size": vocab}),
@@ -170,6 +198,29 @@ def _batch_and_data(
         datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.check()
     return batch, datamodule, choice
+
+
+def check_enough_data(global_batch: int, datamodule: Any, world: int, micro: int | None) -> None:
+    """One global batch of sequences must fit in the training set; otherwise name
+    ``phase.global_batch_size`` with the largest value that works (a multiple of
+    ``micro_batch_size × devices`` when the micro batch is set, else of the devices)."""
+    sequences = int(datamodule.num_train_samples)
+    if global_batch <= sequences:
+        return
+    unit = world * (micro or 1)
+    largest = sequences // unit * unit
+    where = getattr(datamodule.source, "train_path", None)
+    origin = f"data.train_path={where}" if where else "the training set"
+    fix = (
+        f"set phase.global_batch_size={largest} (the largest that fits) or smaller"
+        if largest
+        else "use fewer devices or a smaller micro_batch_size"
+    )
+    raise TrainConfigError(
+        f"{origin} holds {sequences:,} sequences, fewer than one global batch of "
+        f"phase.global_batch_size={global_batch:,}; {fix}, or use more data (experiment="
+        "quickstart is sized for a few MB of text)."
+    )
 
 
 def check_data(cfg: DictConfig) -> None:
@@ -227,11 +278,12 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
     clipping = describe_clipping(micro_clip, c["optimizer"], c["trainer"].get("gradient_clip_val"))
     steps_per_epoch = datamodule.num_train_rows // batch.rows_per_step
     if steps_per_epoch < 1:
+        fits = int(batch.global_batch_size * datamodule.num_train_rows / batch.rows_per_step)
         raise TrainConfigError(
             f"the training set has {datamodule.num_train_samples} sequences in "
             f"{datamodule.num_train_rows} rows, fewer than one global batch of "
             f"{batch.rows_per_step} rows (phase.global_batch_size={batch.global_batch_size}); "
-            "use more data or a smaller global batch."
+            f"set phase.global_batch_size to about {fits} or less, or use more data."
         )
     cap = c.get("steps_per_epoch")
     if cap is not None:
@@ -319,6 +371,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     from lightning.pytorch.callbacks import ProgressBar
 
     from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
+    from omnibert.callbacks.progress import select_progress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
     from omnibert.run.profiling import profiler_for_run
 
@@ -334,6 +387,8 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
         callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    # a terminal gets the progress bar, a log file step-counting lines (callbacks/progress.py)
+    callbacks = select_progress(callbacks, sys.stdout.isatty(), plan.batch.sequences_per_step)
     loggers = build_loggers(prepared)
     plugin.compile_model(task.model)
     # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
@@ -386,6 +441,17 @@ def finish_loggers(loggers: list[Any]) -> None:
             experiment.finish()
 
 
+def majority_baselines(validation: dict[str, float] | None) -> dict[str, float | None]:
+    """``mlm_majority_baseline`` / ``nsp_majority_baseline``: the accuracy of always
+    predicting the eval set's most frequent masked token / NSP label (what an accuracy is
+    to be compared with; None without validation)."""
+    val = validation or {}
+    return {
+        "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
+        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
+    }
+
+
 def fit(run: Run) -> dict[str, Any]:
     """Train, validate on the whole eval set at the end, return the summary."""
     from omnibert.callbacks import PretrainingThroughput
@@ -395,7 +461,14 @@ def fit(run: Run) -> dict[str, Any]:
     plan = prepared.plan
     start = time.perf_counter()
     try:
-        trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+        try:
+            trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+        except RuntimeError as err:
+            # Lightning's teardown can fail while a user error from restoring the loader
+            # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
+            if isinstance(err.__context__, UserError):
+                raise err.__context__ from None
+            raise
         seconds = time.perf_counter() - start
         if trainer.is_global_zero:  # finished: nothing left to resume after a time limit
             (Path(plan.checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)
@@ -412,6 +485,7 @@ def fit(run: Run) -> dict[str, Any]:
         "steps": trainer.global_step,
         "fit_seconds": round(seconds, 3),
         "validation": task.last_validation,
+        **majority_baselines(task.last_validation),
         "throughput": throughput.summary() if throughput is not None else {},
         **({"mlperf": mlperf.summary()} if mlperf is not None else {}),
         "checkpoint_dir": plan.checkpoint_dir,

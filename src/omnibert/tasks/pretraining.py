@@ -13,6 +13,11 @@ the accumulated gradient before any clipping in the optimiser, one ``foreach`` p
 ``train/lr``. Validation sums weighted correct predictions, counts and losses with
 torchmetrics ``SumMetric``s (synced across ranks), so ``val/mlm_acc``, ``val/nsp_acc`` and the
 ``val/*loss`` values are exact over the whole eval set, not means of batch means.
+Next to them, ``val/mlm_majority_baseline`` and ``val/nsp_majority_baseline``: the accuracy
+of always predicting the eval set's own most frequent masked token / NSP label, from
+weighted label histograms of the rows evaluated (:class:`LabelHistogram`, synced the same
+way): what an accuracy has to beat to mean anything (the demo's eval set is 59.5 %
+random-next pairs, so NSP's baseline is 0.595, not the 0.5 of chance).
 
 Global RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint so that
 dropout continues identically after a resume.
@@ -32,7 +37,7 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 from torch import Tensor, nn
-from torchmetrics import SumMetric
+from torchmetrics import Metric, SumMetric
 
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertForPreTraining
@@ -48,6 +53,32 @@ TRAIN_STATS = (*OUTPUT_KEYS, "n")
 #: validation sums over the whole eval set
 VAL_SUMS = ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_loss", "nsp_loss")
 RNG_KEY = "omnibert_rng_states"
+
+
+class LabelHistogram(Metric):
+    """Weighted counts of each label id over everything :meth:`update` saw, summed across
+    ranks; :meth:`compute` is the majority label's share (the accuracy of always predicting
+    it), 0 before anything was counted."""
+
+    full_state_update = False
+
+    def __init__(self, num_labels: int) -> None:
+        super().__init__()
+        self.num_labels = int(num_labels)
+        self.add_state("counts", default=torch.zeros(self.num_labels), dist_reduce_fx="sum")
+
+    def update(self, labels: Tensor, weights: Tensor) -> None:
+        counts = torch.bincount(
+            labels.reshape(-1).long(),
+            weights=weights.reshape(-1).float(),
+            minlength=self.num_labels,
+        )
+        state: Tensor = self.counts  # type: ignore[assignment]
+        state += counts[: self.num_labels].to(state.dtype)
+
+    def compute(self) -> Tensor:
+        counts: Tensor = self.counts  # type: ignore[assignment]
+        return counts.max() / counts.sum().clamp(min=1e-12)
 
 
 class InitFromError(UserError):
@@ -169,6 +200,9 @@ class PretrainingTask(pl.LightningModule):
         self.config = config
         self.model = BertForPreTraining(config)
         self.val_sums = nn.ModuleDict({k: SumMetric(nan_strategy="disable") for k in VAL_SUMS})
+        self.val_labels = nn.ModuleDict(
+            {"mlm": LabelHistogram(config.vocab_size), "nsp": LabelHistogram(2)}
+        )
         self.clipper: MicroBatchClipper | None = None
         self.last_validation: dict[str, float] | None = None
         self._train_sums: Tensor | None = None
@@ -270,6 +304,10 @@ class PretrainingTask(pl.LightningModule):
         # the losses are weighted means over the batch's real slots: weight them back
         self._val_sum("mlm_loss").update((out["mlm_loss"] * out["mlm_count"]).detach().float())
         self._val_sum("nsp_loss").update((out["nsp_loss"] * out["nsp_count"]).detach().float())
+        labels = cast(LabelHistogram, self.val_labels["mlm"])
+        labels.update(batch["masked_lm_ids"], batch["masked_lm_weights"])
+        labels = cast(LabelHistogram, self.val_labels["nsp"])
+        labels.update(batch["nsp_labels"], batch["nsp_weights"])
 
     def validation_metrics(self) -> dict[str, Tensor]:
         """The metrics of everything :meth:`validation_step` saw since the last call, summed
@@ -278,11 +316,16 @@ class PretrainingTask(pl.LightningModule):
         sums = {k: self._val_sum(k).compute() for k in VAL_SUMS}  # synced over ranks
         for key in VAL_SUMS:
             self._val_sum(key).reset()
+        baselines = {k: cast(LabelHistogram, m).compute() for k, m in self.val_labels.items()}
+        for metric in self.val_labels.values():
+            cast(LabelHistogram, metric).reset()
         mlm_loss = sums["mlm_loss"] / sums["mlm_count"]
         nsp_loss = sums["nsp_loss"] / sums["nsp_count"]
         return {
             "val/mlm_acc": sums["mlm_correct"] / sums["mlm_count"],
             "val/nsp_acc": sums["nsp_correct"] / sums["nsp_count"],
+            "val/mlm_majority_baseline": baselines["mlm"],
+            "val/nsp_majority_baseline": baselines["nsp"],
             "val/mlm_loss": mlm_loss,
             "val/nsp_loss": nsp_loss,
             "val/loss": mlm_loss + nsp_loss,
