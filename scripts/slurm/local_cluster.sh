@@ -148,7 +148,8 @@ for job in sweep:
           f"job {name}: trained 160 steps, last.ckpt in its own checkpoints/")
     check(plan["checkpoint_dir"] == str((job / "checkpoints").resolve()),
           f"job {name}: plan.json names its own checkpoint dir")
-arrays = sorted(p.name for p in (work / "runs" / "sweep" / ".submitit").iterdir() if "_" in p.name)
+arrays = sorted(p.name for p in (work / "runs" / "sweep" / ".submitit").iterdir()
+                if p.is_dir() and "_" in p.name)
 check(len(arrays) == 2, f"the sweep ran as the SLURM array tasks {arrays}")
 
 (job,) = jobs(work / "runs" / "requeue")
@@ -156,7 +157,8 @@ check(len(arrays) == 2, f"the sweep ran as the SLURM array tasks {arrays}")
 logs = "".join(p.read_text(errors="replace")
                for p in (work / "runs" / "requeue" / ".submitit").rglob("*_log.*"))
 ctld = (work / "slurmctld.log").read_text(errors="replace")
-allocations = len(re.findall(rf"sched: Allocate JobId={slurm_id} ", ctld))
+# the main scheduler logs "sched: Allocate JobId=N", the backfill one "Started JobId=N"
+allocations = len(re.findall(rf"(?:Allocate|Started) JobId={slurm_id} ", ctld))
 check("timed-out" in logs, f"SLURM signalled job {slurm_id} before its time limit (submitit: 'timed-out')")
 check(f"Requeuing JobId={slurm_id}" in ctld and allocations == 2,
       f"slurmctld requeued job {slurm_id} and allocated it again ({allocations} allocations)")
