@@ -5,7 +5,6 @@ anything runs on Gaudi or IPU hardware."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,21 +17,7 @@ from omnibert.accelerators.hpu import HPUPlugin
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run
 
-FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
-FAKES = ("poptorch", "habana_frameworks", "lightning_habana")
-
-
-@pytest.fixture
-def fake_sdk(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAKE_SDK))
-    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
-    for name in list(sys.modules):
-        if name.startswith(FAKES):
-            monkeypatch.delitem(sys.modules, name)
-    yield
-    for name in list(sys.modules):
-        if name.startswith(FAKES):
-            del sys.modules[name]
+FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"  # (conftest.fake_sdk puts it on sys.path)
 
 
 def _compose(*overrides: str) -> Any:

@@ -10,7 +10,6 @@ and are no evidence that anything runs on that hardware."""
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,6 @@ import torch
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
 
-FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
-FAKES = ("poptorch", "habana_frameworks", "lightning_habana")
 SHRUNK = ("model.config.hidden_size=32", "model.config.num_attention_heads=2",
           "model.config.intermediate_size=64")  # fmt: skip
 GENERATED = ("data=generated", "data.vocab_size=128",
@@ -55,19 +52,6 @@ SMALL = {"demo", "demo_two_phase", "mlperf_smoke", "quickstart", "smoke", "smoke
          "two_phase"}  # fmt: skip
 #: the fine-tuning recipes (omnibert-finetune): task, epochs, LR, global batch
 FINETUNE = {"squad_bert_base": ("squad", 3, 5e-5, 32), "mrpc_bert_base": ("mrpc", 3, 2e-5, 32)}
-
-
-@pytest.fixture
-def fake_sdk(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAKE_SDK))
-    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
-    for name in list(sys.modules):
-        if name.startswith(FAKES):
-            monkeypatch.delitem(sys.modules, name)
-    yield
-    for name in list(sys.modules):
-        if name.startswith(FAKES):
-            del sys.modules[name]
 
 
 def test_every_experiment_is_listed_here():

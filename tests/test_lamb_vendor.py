@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from omnibert.optim.vendor import VendorOptimizerError, habana_lamb, poptorch_lamb
 
-FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
 APEX_LIKE = {
     "lr": 6e-3,
     "betas": [0.9, 0.999],
@@ -20,18 +18,6 @@ APEX_LIKE = {
     "use_nvlamb": False,
     "no_weight_decay": ["bias", "LayerNorm"],
 }
-
-
-@pytest.fixture
-def fake_sdk(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAKE_SDK))
-    for name in list(sys.modules):
-        if name.startswith(("poptorch", "habana_frameworks")):
-            monkeypatch.delitem(sys.modules, name)
-    yield
-    for name in list(sys.modules):
-        if name.startswith(("poptorch", "habana_frameworks")):
-            del sys.modules[name]
 
 
 def _model():

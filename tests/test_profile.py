@@ -122,19 +122,10 @@ def test_cpu_profiles_cpu_activity_only(tmp_path):
     assert profiler.dirpath == str(tmp_path / "p")
 
 
-@pytest.fixture
-def fake_habana(monkeypatch):
-    """The FAKE habana_frameworks on sys.path; its modules are dropped again afterwards."""
-    monkeypatch.syspath_prepend(str(FAKE_SDK))
-    yield
-    for name in [m for m in sys.modules if m.split(".")[0] == "habana_frameworks"]:
-        del sys.modules[name]
-
-
 @pytest.mark.skipif(
     not hasattr(ProfilerActivity, "HPU"), reason=f"torch {torch.__version__} has no HPU activity"
 )
-def test_hpu_profiles_the_hpu_activity_with_fake_habana_frameworks(tmp_path, fake_habana):
+def test_hpu_profiles_the_hpu_activity_with_fake_habana_frameworks(tmp_path, fake_sdk):
     """Intel's documented HPU tracing: ProfilerActivity.HPU next to CPU, after importing
     habana_frameworks.torch (here the FAKE one; no Gaudi involved)."""
     profiler = build_profiler(ProfileSettings(active=2), tmp_path / "p", "hpu")
@@ -143,7 +134,7 @@ def test_hpu_profiles_the_hpu_activity_with_fake_habana_frameworks(tmp_path, fak
     assert Path(imported.__file__).is_relative_to(FAKE_SDK)  # the SDK import was made
 
 
-def test_hpu_profiling_on_a_torch_without_the_hpu_activity_names_it(monkeypatch, fake_habana):
+def test_hpu_profiling_on_a_torch_without_the_hpu_activity_names_it(monkeypatch, fake_sdk):
     """torch 2.0.1 (the IPU environment's) has no ProfilerActivity.HPU: one sentence."""
 
     class OldProfilerActivity:  # what older torches have
