@@ -52,6 +52,22 @@ def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
     return tensor
 
 
+@torch.no_grad()
+def init_bert_weights_(model: nn.Module, std: float, skip: nn.Module | None = None) -> None:
+    """Google BERT's init of every submodule of ``model`` but ``skip``: truncated normal (±2
+    std) Linear/Embedding weights, zero Linear biases, LayerNorm weight 1 and bias 0."""
+    for module in model.modules():
+        if module is skip:
+            continue
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            truncated_normal_(module.weight, std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.fill_(1.0)
+            module.bias.zero_()
+
+
 #: the static-shape batch ``BertForPreTraining.forward`` takes (docs/design.md: the batch contract), in
 #: the order tuple-only runtimes (poptorch) pass it: [B,S] row tensors, [B,P] masked-LM
 #: slots, [B,K] next-sentence slots
@@ -351,18 +367,9 @@ class BertForPreTraining(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Google BERT's init: truncated normal (±2 std) weights, zero biases, LayerNorm 1/0."""
-        std = self.config.initializer_range
-        for module in self.modules():
-            if module is self.cls.predictions.decoder:
-                continue  # its weight is the word embedding, its bias cls.predictions.bias
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                truncated_normal_(module.weight, std)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    module.bias.zero_()
-            elif isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+        """Google BERT's init (:func:`init_bert_weights_`); the decoder's weight is the word
+        embedding, its bias ``cls.predictions.bias`` (zero)."""
+        init_bert_weights_(self, self.config.initializer_range, skip=self.cls.predictions.decoder)
         self.cls.predictions.bias.zero_()
         # rows past the real vocabulary are never looked up nor scored: keep them at zero
         self.bert.embeddings.word_embeddings.weight[self.config.vocab_size :].zero_()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnibert.models.bert import BertModel
+from omnibert.models.bert import BertModel, init_bert_weights_
 from omnibert.models.config import BertConfig
 
 __all__ = ["HEAD_KEYS", "BertForQuestionAnswering", "BertForSequenceClassification"]
@@ -45,21 +45,6 @@ def _init_linear(layer: nn.Linear, std: float) -> None:
             layer.bias.zero_()
 
 
-def _init_encoder(model: nn.Module, std: float) -> None:
-    """Google BERT's init for an encoder that ``init_from`` will overwrite anyway."""
-    from omnibert.models.bert import truncated_normal_
-
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                truncated_normal_(module.weight, std)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    module.bias.zero_()
-            elif isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
-
-
 class BertForQuestionAnswering(nn.Module):
     """Extractive QA: start and end logits ``[B,S]`` (float32)."""
 
@@ -68,7 +53,7 @@ class BertForQuestionAnswering(nn.Module):
         self.config = config
         self.bert = BertModel(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        _init_encoder(self, config.initializer_range)
+        init_bert_weights_(self, config.initializer_range)
         _init_linear(self.qa_outputs, config.initializer_range)
 
     def reset_head(self) -> None:
@@ -98,7 +83,7 @@ class BertForSequenceClassification(nn.Module):
         self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
-        _init_encoder(self, config.initializer_range)
+        init_bert_weights_(self, config.initializer_range)
         _init_linear(self.classifier, config.initializer_range)
 
     def reset_head(self) -> None:
