@@ -4,11 +4,13 @@ then wait forever for the next job)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,33 @@ def _wait_for(predicate, timeout: float = 120.0) -> bool:
     return predicate()
 
 
+@contextlib.contextmanager
+def _busy_with_two_workers(
+    command: list[str], log: Path
+) -> Iterator[tuple[subprocess.Popen, set[int]]]:
+    """Start ``command`` (output to ``log``) and wait until it runs two worker processes;
+    yields the run and the workers' pids. Whatever still runs at the end is killed, so a
+    failed test never leaves a process behind."""
+    with open(log, "wb") as sink:
+        run = subprocess.Popen(command, stdout=sink, stderr=sink)
+    workers: set[int] = set()
+
+    def two_workers() -> bool:
+        workers.update(_children(run.pid))
+        return len(workers) >= 2 or run.poll() is not None
+
+    try:
+        assert _wait_for(two_workers) and run.poll() is None, log.read_text()
+        yield run, workers
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _inputs(tmp_path: Path) -> list[Path]:
     """Enough work that a run is still busy when it is killed."""
     text = (REFERENCE / "wiki_like.txt").read_text(encoding="utf-8")
@@ -71,28 +100,12 @@ def test_workers_die_with_a_killed_run(bert_vocab_file: Path, tmp_path: Path) ->
     )
     log = tmp_path / "run.log"
     command = [sys.executable, "-c", script, str(bert_vocab_file), str(tmp_path / "out")]
-    with open(log, "wb") as sink:
-        run = subprocess.Popen([*command, *map(str, inputs)], stdout=sink, stderr=sink)
-    workers: set[int] = set()
-
-    def two_workers() -> bool:
-        workers.update(_children(run.pid))
-        return len(workers) >= 2 or run.poll() is not None
-
-    try:
-        assert _wait_for(two_workers) and run.poll() is None, log.read_text()
+    with _busy_with_two_workers([*command, *map(str, inputs)], log) as (run, workers):
         os.kill(run.pid, signal.SIGKILL)  # while its workers are busy
         assert run.wait() == -signal.SIGKILL
         assert _wait_for(lambda: not any(_alive(pid) for pid in workers)), [
             (pid, _stat(pid)) for pid in workers if _alive(pid)
         ]
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-        for pid in workers:  # never leave a process behind, whatever happened
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
     assert not (tmp_path / "out" / "metadata.json").exists()
 
 
@@ -111,23 +124,10 @@ def test_a_worker_killed_from_outside_stops_the_run_in_one_line(
         "progress=false",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
-    with open(log, "wb") as sink:
-        run = subprocess.Popen(command, stdout=sink, stderr=sink)
-    workers: set[int] = set()
-
-    def two_workers() -> bool:
-        workers.update(_children(run.pid))
-        return len(workers) >= 2 or run.poll() is not None
-
-    try:
-        assert _wait_for(two_workers) and run.poll() is None, log.read_text()
+    with _busy_with_two_workers(command, log) as (run, workers):
         os.kill(min(workers), signal.SIGKILL)  # as the out-of-memory killer would
         assert run.wait(timeout=120) == 2, log.read_text()
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        assert _wait_for(lambda: not any(_alive(pid) for pid in workers))
     last = log.read_text().strip().splitlines()[-1]
     assert last.startswith("omnibert-prepare: error: a worker process died while working on ")
     assert "lower num_workers" in last
-    assert _wait_for(lambda: not any(_alive(pid) for pid in workers))
