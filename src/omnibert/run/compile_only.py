@@ -329,7 +329,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"  memory estimate     {_gib(mem['total'])} = parameters {_gib(mem['parameters'])}"
         f" + gradients {_gib(mem['gradients'])} + optimiser {_gib(mem['optimizer_state'])}"
         f" + activations {_gib(mem['activations'])}"
-        f" + backward transients {_gib(mem.get('backward_transients', 0))}"
+        f" + backward transients {_gib(mem['backward_transients'])}"
         + (f" + clip buffer {_gib(mem['clip_buffer'])}" if mem["clip_buffer"] else ""),
         f"  available           {_gib(report['available_memory_bytes'])}"
         + (f" ({report['available_memory_source']})" if report["available_memory_source"] else ""),
