@@ -30,11 +30,18 @@ def name(rng: random.Random, parts: int = 2) -> str:
 
 
 def squad_file(
-    path: Path, countries: int, seed: int, odd_text: bool = False, facts: int = 3
+    path: Path,
+    countries: int,
+    seed: int,
+    odd_text: bool = False,
+    facts: int = 3,
+    unanswerable: int = 0,
 ) -> Path:
     """``countries`` paragraphs, one question per fact; a filler sentence first (so the
     first-sentence baseline never holds an answer), ``facts`` facts in random order. With
-    ``odd_text`` some answers carry accents and the context non-breaking spaces."""
+    ``odd_text`` some answers carry accents and the context non-breaking spaces. With
+    ``unanswerable`` (at most ``4 - facts``) a SQuAD v2.0 file: as many more questions per
+    paragraph ask about facts it does not state (``is_impossible``, no answers)."""
     rng = random.Random(seed)
     data = []
     for i in range(countries):
@@ -58,8 +65,14 @@ def squad_file(
                 "question": FACTS[key][1].format(c=country),
                 "answers": [{"text": text, "answer_start": context.index(text)}],
             })  # fmt: skip
+        for key in [k for k in FACTS if k not in order][:unanswerable]:
+            qas.append({
+                "id": f"{seed}-{i}-{key}", "question": FACTS[key][1].format(c=country),
+                "answers": [], "is_impossible": True,
+            })  # fmt: skip
         data.append({"title": country, "paragraphs": [{"context": context, "qas": qas}]})
-    path.write_text(json.dumps({"version": "1.1", "data": data}, ensure_ascii=False))
+    version = "v2.0" if unanswerable else "1.1"
+    path.write_text(json.dumps({"version": version, "data": data}, ensure_ascii=False))
     return path
 
 

@@ -1,4 +1,5 @@
-"""SQuAD v1.1: reading the official JSON, windows of features, and answers from logits.
+"""SQuAD v1.1 and v2.0: reading the official JSON, windows of features, and answers from
+logits.
 
 **Features** (Google's ``run_squad.py`` parameters: ``max_seq_length`` 384, ``doc_stride``
 128, ``max_query_length`` 64). The question's word pieces are cut to ``max_query_length``;
@@ -19,6 +20,13 @@ about where answers are not.
 the context, end not before start, at most ``max_answer_length`` tokens, start at a token's
 max-context window; the score is start + end logit over all windows of a question; the text
 is cut from the original context by the offsets (no detokenisation).
+
+**SQuAD v2.0** (``version_2=True``): questions without an answer (``is_impossible``) are kept
+in training with every window labelled ``(0, 0)``; the null score of a question is the
+smallest ``start[CLS] + end[CLS]`` over its windows (Google's and Hugging Face's choice); the
+question is answered with ``""`` when ``null score - best span score`` is above
+``null_score_diff_threshold`` (0.0 by default), and that difference is the question's
+no-answer score for ``evaluate-v2.0``'s best thresholds (Google's ``null_odds.json``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ __all__ = [
     "SquadFeatures",
     "best_answers",
     "check_squad_file",
+    "no_answer_scores",
     "read_squad",
     "squad_features",
 ]
@@ -59,8 +68,8 @@ class SquadExample:
 
 
 def check_squad_file(path: str | Path, key: str) -> list[dict[str, Any]]:
-    """The ``data`` list of a SQuAD v1.1 JSON file; one sentence naming ``key`` and the fix
-    when it is missing, not JSON or not SQuAD-shaped."""
+    """The ``data`` list of a SQuAD v1.1 / v2.0 JSON file; one sentence naming ``key`` and
+    the fix when it is missing, not JSON or not SQuAD-shaped."""
     path = Path(path)
     if not path.is_file():
         raise FineTuneInputError(
@@ -93,12 +102,17 @@ def check_squad_file(path: str | Path, key: str) -> list[dict[str, Any]]:
     return data
 
 
-def read_squad(path: str | Path, key: str, training: bool) -> list[SquadExample]:
-    """The questions of a SQuAD v1.1 file. In training every question needs an answer whose
-    ``answer_start`` points at its text in the context (one that does not is skipped with a
-    warning, as Google's reader does)."""
+def read_squad(
+    path: str | Path, key: str, training: bool, version_2: bool = False
+) -> list[SquadExample]:
+    """The questions of a SQuAD v1.1 (or, with ``version_2``, v2.0) file. In training every
+    answerable question's first answer must have an ``answer_start`` that points at its text
+    in the context (one that does not is skipped with a warning, as Google's reader does);
+    v1.1 training needs an answer for every question, v2.0 keeps the unanswerable ones
+    (``is_impossible``, no answers) as examples without answers."""
     examples = []
     skipped = 0
+    task = "squad_v2" if version_2 else "squad"
     for article in check_squad_file(path, key):
         for paragraph in article["paragraphs"]:
             context = paragraph["context"]
@@ -107,15 +121,22 @@ def read_squad(path: str | Path, key: str, training: bool) -> list[SquadExample]
                     raise FineTuneInputError(
                         f'{key}={path}: a "qas" entry lacks "id" or "question"; fix the file.'
                     )
+                impossible = bool(qa.get("is_impossible"))
+                if impossible and not version_2:
+                    raise FineTuneInputError(
+                        f"{key}={path}: question {qa['id']} is marked is_impossible (a SQuAD "
+                        f"v2.0 file); use task=squad_v2 for it (task={task} reads v1.1)."
+                    )
                 answers = tuple(
-                    (str(a["text"]), int(a["answer_start"])) for a in qa.get("answers", [])
+                    (str(a["text"]), int(a["answer_start"]))
+                    for a in ([] if impossible else qa.get("answers") or [])
                 )
-                if training:
-                    if not answers:
-                        raise FineTuneInputError(
-                            f"{key}={path}: question {qa['id']} has no answer; training needs "
-                            "one per question (SQuAD v1.1, not v2.0's unanswerable ones)."
-                        )
+                if training and not answers and not version_2:
+                    raise FineTuneInputError(
+                        f"{key}={path}: question {qa['id']} has no answer; task=squad training "
+                        "needs one per question (for unanswerable ones use task=squad_v2)."
+                    )
+                if training and answers:
                     text, start = answers[0]
                     if context[start : start + len(text)] != text:
                         skipped += 1
@@ -275,12 +296,15 @@ def squad_features(
 @dataclass(frozen=True)
 class Prediction:
     """The best answer of a question: its text, start + end logit, and its probability among
-    the n-best candidates (softmax of their scores)."""
+    the n-best candidates (softmax of their scores; with SQuAD v2.0 the null answer is one of
+    them). ``null_score_diff`` (v2.0 only): the null score minus the best span's score, the
+    question's no-answer score; ``text`` is ``""`` when it is above the threshold."""
 
     text: str
     score: float
     probability: float
     char_span: tuple[int, int] | None
+    null_score_diff: float | None = None
 
 
 def best_answers(
@@ -290,6 +314,8 @@ def best_answers(
     end_logits: np.ndarray,
     n_best: int = 20,
     max_answer_length: int = 30,
+    version_2: bool = False,
+    null_score_diff_threshold: float = 0.0,
 ) -> dict[str, Prediction]:
     """Question id -> :class:`Prediction` from the windows' logits (module docstring)."""
     by_example: dict[int, list[int]] = {}
@@ -298,7 +324,9 @@ def best_answers(
     out: dict[str, Prediction] = {}
     for index, example in enumerate(examples):
         candidates: list[tuple[float, int, int]] = []  # (score, char start, char end)
+        null_score = math.inf
         for row in by_example.get(index, []):
+            null_score = min(null_score, float(start_logits[row, 0]) + float(end_logits[row, 0]))
             offsets, best = features.offsets[row], features.max_context[row]
             starts = np.argsort(-start_logits[row], kind="stable")[:n_best]
             ends = np.argsort(-end_logits[row], kind="stable")[:n_best]
@@ -312,26 +340,81 @@ def best_answers(
                         continue
                     score = float(start_logits[row, s]) + float(end_logits[row, e])
                     candidates.append((score, first[0], last[1]))
-        out[example.qid] = _pick(example.context, candidates, n_best)
+        if version_2:
+            out[example.qid] = _pick_v2(
+                example.context, candidates, n_best, null_score, null_score_diff_threshold
+            )
+        else:
+            out[example.qid] = _pick(example.context, candidates, n_best)
     return out
+
+
+def _n_best(
+    context: str, candidates: list[tuple[float, int, int]], n_best: int
+) -> dict[str, tuple[float, int, int]]:
+    """Distinct texts, best score first (Google's n-best)."""
+    candidates.sort(key=lambda c: -c[0])
+    seen: dict[str, tuple[float, int, int]] = {}
+    for score, start, end in candidates:
+        seen.setdefault(context[start:end], (score, start, end))
+        if len(seen) == n_best:
+            break
+    return seen
+
+
+def _softmax_first(scores: list[float]) -> list[float]:
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def _pick(context: str, candidates: list[tuple[float, int, int]], n_best: int) -> Prediction:
     if not candidates:
         return Prediction("", 0.0, 0.0, None)
-    candidates.sort(key=lambda c: -c[0])
-    seen: dict[str, tuple[float, int, int]] = {}
-    for score, start, end in candidates:  # distinct texts, best score first (Google's n-best)
-        seen.setdefault(context[start:end], (score, start, end))
-        if len(seen) == n_best:
-            break
-    scores = [s for s, _, _ in seen.values()]
-    top = max(scores)
-    total = sum(math.exp(s - top) for s in scores)
+    seen = _n_best(context, candidates, n_best)
+    probabilities = _softmax_first([s for s, _, _ in seen.values()])
     text, (score, start, end) = next(iter(seen.items()))
-    return Prediction(text, score, 1.0 / total, (start, end))
+    return Prediction(text, score, probabilities[0], (start, end))
+
+
+def _pick_v2(
+    context: str,
+    candidates: list[tuple[float, int, int]],
+    n_best: int,
+    null_score: float,
+    threshold: float,
+) -> Prediction:
+    """The best span, or ``""`` when the null score beats it by more than ``threshold``."""
+    seen = _n_best(context, candidates, n_best)
+    seen.pop("", None)  # an empty span text is the null answer, scored by null_score
+    if not seen:  # no span (or no window) at all: the null answer, whatever the threshold
+        null = null_score if math.isfinite(null_score) else 0.0
+        return Prediction("", null, 1.0, None, math.inf)
+    texts = list(seen)
+    probabilities = _softmax_first([s for s, _, _ in seen.values()] + [null_score])
+    score, start, end = seen[texts[0]]
+    diff = null_score - score
+    if diff > threshold:
+        return Prediction("", null_score, probabilities[-1], None, diff)
+    return Prediction(texts[0], score, probabilities[0], (start, end), diff)
 
 
 def write_predictions(path: Path, predictions: Mapping[str, Prediction]) -> None:
-    """The official predictions file: ``{question id: answer text}``."""
+    """The official predictions file: ``{question id: answer text}``; with SQuAD v2.0
+    predictions also ``null_odds.json`` beside it (question id -> null score minus the best
+    span's, evaluate-v2.0's ``--na-prob-file``; a question without a span: 1e9)."""
     path.write_text(json.dumps({k: p.text for k, p in predictions.items()}, indent=1) + "\n")
+    odds = no_answer_scores(predictions)
+    if odds:
+        (path.parent / "null_odds.json").write_text(json.dumps(odds, indent=1) + "\n")
+
+
+def no_answer_scores(predictions: Mapping[str, Prediction]) -> dict[str, float]:
+    """Question id -> the null-score difference of v2.0 predictions (finite: +-1e9 for a
+    question without a span / without windows); empty for v1.1 predictions."""
+    return {
+        k: max(-1e9, min(1e9, p.null_score_diff))
+        for k, p in predictions.items()
+        if p.null_score_diff is not None
+    }

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 from omegaconf import DictConfig
 
 from omnibert.finetune.tokenizer import FineTuneInputError
@@ -31,7 +32,12 @@ __all__ = ["FORMATS", "Prepared", "check_inputs", "evaluate", "fit", "prepare", 
 log = logging.getLogger("omnibert.finetune")
 
 #: task.format -> (reader of the data files, LightningModule)
-FORMATS = {"squad": "QuestionAnsweringTask", "glue_mrpc": "SequenceClassificationTask"}
+FORMATS = {
+    "squad": "QuestionAnsweringTask",
+    "squad_v2": "QuestionAnsweringTask",
+    "glue_mrpc": "SequenceClassificationTask",
+}
+SQUAD_FORMATS = ("squad", "squad_v2")
 EXAMPLE = (
     "e.g. omnibert-finetune task=squad data.train_file=train-v1.1.json "
     "data.eval_file=dev-v1.1.json model.init_from=<checkpoint>"
@@ -39,10 +45,10 @@ EXAMPLE = (
 
 
 def _read(fmt: str, path: str, key: str, training: bool) -> list[Any]:
-    if fmt == "squad":
+    if fmt in SQUAD_FORMATS:
         from omnibert.finetune.squad import read_squad
 
-        return read_squad(path, key, training)
+        return read_squad(path, key, training, version_2=fmt == "squad_v2")
     from omnibert.finetune.glue import read_mrpc
 
     return read_mrpc(path, key, training)
@@ -78,7 +84,7 @@ def check_inputs(cfg: DictConfig) -> Inputs:
     if fmt not in FORMATS:
         raise FineTuneInputError(
             f"the task config ({task.get('_target_')}) is not a fine-tuning task (no "
-            f"task.format among {', '.join(FORMATS)}); use task=squad or task=mrpc."
+            f"task.format among {', '.join(FORMATS)}); use task=squad, squad_v2 or mrpc."
         )
     recipe = {k: v for k, v in task.items() if not str(k).startswith("_")}
     for key in ("epochs", "batch_size", "max_seq_length", "eval_batch_size"):
@@ -86,6 +92,13 @@ def check_inputs(cfg: DictConfig) -> Inputs:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise FineTuneInputError(f"task.{key}={value!r} must be a positive integer; fix it.")
     data = c["data"]
+    from omnibert.finetune.batching import PADDINGS
+
+    if data.get("padding", "longest") not in PADDINGS:
+        raise FineTuneInputError(
+            f"data.padding={data.get('padding')!r} is not one of {', '.join(PADDINGS)}; "
+            "longest cuts each batch to its longest row, max_length keeps task.max_seq_length."
+        )
     if not data.get("train_file"):
         raise FineTuneInputError(f"data.train_file is not set; {EXAMPLE}.")
     if not c["model"].get("init_from"):
@@ -127,7 +140,7 @@ def features(
     fmt: str, examples: list[Any], tokenizer: Any, recipe: Mapping[str, Any], training: bool
 ) -> Any:
     """SQuAD windows (:class:`~omnibert.finetune.squad.SquadFeatures`) or MRPC pair arrays."""
-    if fmt == "squad":
+    if fmt in SQUAD_FORMATS:
         from omnibert.finetune.squad import squad_features
 
         return squad_features(
@@ -146,7 +159,7 @@ def features(
 def _tensors(fmt: str, feats: Any, training: bool) -> dict[str, Any]:
     import torch
 
-    if fmt == "squad":
+    if fmt in SQUAD_FORMATS:
         return dict(feats.tensors(training))
     out = {k: torch.from_numpy(v) for k, v in feats.items()}
     if not training:
@@ -261,6 +274,7 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
         shuffle=True,
         generator=torch.Generator().manual_seed(int(c["seed"])),
         num_workers=int(c["data"].get("num_workers") or 0),
+        collate_fn=collate(c["data"]),
     )
     hardware = prepared.plugin.trainer_kwargs(str(c["trainer"].get("precision")))
     plugins = hardware.pop("plugins")
@@ -296,47 +310,107 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     return task, trainer, facts
 
 
-def logits(task: Any, tensors: Mapping[str, Any], batch_size: int, autocast: Any = None) -> Any:
+def collate(data: Mapping[str, Any]) -> Any:
+    """The loader's collate for ``data.padding`` / ``data.pad_to_multiple_of``
+    (:mod:`omnibert.finetune.batching`)."""
+    from omnibert.finetune.batching import TrimPadding
+
+    return TrimPadding(
+        int(data.get("pad_to_multiple_of") or 8), data.get("padding", "longest") == "longest"
+    )
+
+
+def logits(
+    task: Any,
+    tensors: Mapping[str, Any],
+    batch_size: int,
+    autocast: Any = None,
+    trim: Any = None,
+    progress: Any = None,
+) -> Any:
     """The task's outputs over ``tensors`` in batches, as numpy (float32): SQuAD a pair of
-    ``[N,S]`` start/end arrays, classification ``[N,labels]``."""
+    ``[N,S]`` start/end arrays (columns a ``trim`` collate cut off are -inf), classification
+    ``[N,labels]``. ``progress(done, total)`` is called with the rows done after each batch."""
     import contextlib
 
     import torch
 
+    from omnibert.finetune.batching import TrimPadding, pad_columns
+
+    trim = trim if trim is not None else TrimPadding()
     task.eval()
     device = next(task.parameters()).device
     n = int(tensors["input_ids"].shape[0])
+    width = int(tensors["input_ids"].shape[1])
     outs: list[Any] = []
     with torch.no_grad(), autocast if autocast is not None else contextlib.nullcontext():
         for start in range(0, n, batch_size):
-            batch = {k: v[start : start + batch_size].to(device) for k, v in tensors.items()}
-            out = task(batch)
-            outs.append(
-                tuple(o.float().cpu() for o in out) if isinstance(out, tuple) else out.float().cpu()
-            )
+            rows = {k: v[start : start + batch_size] for k, v in tensors.items()}
+            if trim.enabled:
+                rows = trim.trim(rows)
+            out = task({k: v.to(device) for k, v in rows.items()})
+            if isinstance(out, tuple):
+                outs.append(
+                    tuple(pad_columns(o.float().cpu().numpy(), width, -np.inf) for o in out)
+                )
+            else:
+                outs.append(out.float().cpu().numpy())
+            if progress is not None:
+                progress(min(start + batch_size, n), n)
     if outs and isinstance(outs[0], tuple):
-        return tuple(torch.cat(parts).numpy() for parts in zip(*outs, strict=True))
-    return torch.cat(outs).numpy()
+        return tuple(np.concatenate(parts) for parts in zip(*outs, strict=True))
+    return np.concatenate(outs) if outs else np.zeros((0, 1), dtype=np.float32)
 
 
 def predict_squad(
-    task: Any, examples: list[Any], tokenizer: Any, recipe: Mapping[str, Any], autocast: Any = None
+    task: Any,
+    examples: list[Any],
+    tokenizer: Any,
+    recipe: Mapping[str, Any],
+    autocast: Any = None,
+    progress: Any = None,
+    trim: Any = None,
 ) -> dict[str, Any]:
-    """Question id -> :class:`~omnibert.finetune.squad.Prediction`."""
+    """Question id -> :class:`~omnibert.finetune.squad.Prediction` (SQuAD v2.0 recipes: the
+    null answer against ``recipe['null_score_diff_threshold']``)."""
     from omnibert.finetune.squad import best_answers
 
-    feats = features("squad", examples, tokenizer, recipe, training=False)
-    start, end = logits(task, _tensors("squad", feats, False), recipe["eval_batch_size"], autocast)
-    return best_answers(
-        examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"]
+    fmt = recipe["format"]
+    feats = features(fmt, examples, tokenizer, recipe, training=False)
+    start, end = logits(
+        task, _tensors(fmt, feats, False), recipe["eval_batch_size"], autocast, trim, progress
     )
+    return best_answers(
+        examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"],
+        version_2=fmt == "squad_v2",
+        null_score_diff_threshold=float(recipe.get("null_score_diff_threshold") or 0.0),
+    )  # fmt: skip
+
+
+def pair_logits(
+    task: Any,
+    examples: list[Any],
+    tokenizer: Any,
+    recipe: Mapping[str, Any],
+    autocast: Any = None,
+    progress: Any = None,
+    trim: Any = None,
+) -> Any:
+    """``[N, num_labels]`` logits of sentence pairs (numpy float32)."""
+    feats = features("glue_mrpc", examples, tokenizer, recipe, training=False)
+    tensors = _tensors("glue_mrpc", feats, False)
+    return logits(task, tensors, recipe["eval_batch_size"], autocast, trim, progress)
 
 
 def predict_pairs(
-    task: Any, examples: list[Any], tokenizer: Any, recipe: Mapping[str, Any], autocast: Any = None
+    task: Any,
+    examples: list[Any],
+    tokenizer: Any,
+    recipe: Mapping[str, Any],
+    autocast: Any = None,
+    trim: Any = None,
 ) -> list[int]:
-    feats = features("glue_mrpc", examples, tokenizer, recipe, training=False)
-    out = logits(task, _tensors("glue_mrpc", feats, False), recipe["eval_batch_size"], autocast)
+    out = pair_logits(task, examples, tokenizer, recipe, autocast, trim=trim)
     return [int(x) for x in out.argmax(-1)]
 
 
@@ -347,14 +421,22 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     if not examples:
         return {}
     autocast = prepared.plugin.autocast(str(inputs.c["trainer"].get("precision")))
-    if recipe["format"] == "squad":
-        from omnibert.finetune.squad import write_predictions
+    trim = collate(inputs.c["data"])
+    if recipe["format"] in SQUAD_FORMATS:
+        from omnibert.finetune.squad import no_answer_scores, write_predictions
         from omnibert.finetune.squad_metric import squad_scores
 
-        predictions = predict_squad(task, examples, prepared.tokenizer, recipe, autocast)
+        predictions = predict_squad(task, examples, prepared.tokenizer, recipe, autocast, trim=trim)
         write_predictions(run_dir / "predictions.json", predictions)
         data = json.loads(Path(inputs.c["data"]["eval_file"]).read_text(encoding="utf-8"))["data"]
-        scores = squad_scores(data, {k: p.text for k, p in predictions.items()})
+        texts = {k: p.text for k, p in predictions.items()}
+        if recipe["format"] == "squad_v2":
+            from omnibert.finetune.squad_v2_metric import squad_v2_scores
+
+            v2 = squad_v2_scores(data, texts, no_answer_scores(predictions))
+            questions = v2.pop("total")
+            return {**v2, "questions": questions}
+        scores = squad_scores(data, texts)
         return {
             "exact_match": scores["exact_match"],
             "f1": scores["f1"],
@@ -363,7 +445,7 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     from omnibert.finetune.glue import accuracy_f1, write_submission
 
     labels_known = all(e.label is not None for e in examples)
-    predicted = predict_pairs(task, examples, prepared.tokenizer, recipe, autocast)
+    predicted = predict_pairs(task, examples, prepared.tokenizer, recipe, autocast, trim)
     write_submission(run_dir / "MRPC.tsv", predicted)
     if not labels_known:
         return {"pairs": len(predicted)}
