@@ -116,8 +116,8 @@ def test_a_checkpoint_of_one_task_refuses_another_in_one_sentence(runs, tmp_path
     mrpc_dir, mrpc_dev, _ = runs["mrpc"]
     squad_dir, squad_dev, _ = runs["squad_v2"]
     cases = {
-        f"ckpt={squad_dir} is a task=squad_v2 model and cannot predict task=mrpc": [
-            f"ckpt={squad_dir}", "task=mrpc", "text=a", "text_pair=b"],
+        f"ckpt={squad_dir} is a task=squad_v2 model and cannot predict task_name=mrpc": [
+            f"ckpt={squad_dir}", "task_name=mrpc", "text=a", "text_pair=b"],
         "is a task=mrpc model: it classifies text= and text_pair=, not question/context=": [
             f"ckpt={mrpc_dir}", "question=Who?", "context=Nobody."],
         "is a task=squad_v2 model: it answers question= over context=, not text=": [
@@ -135,11 +135,11 @@ def test_a_checkpoint_of_one_task_refuses_another_in_one_sentence(runs, tmp_path
             _predict(*overrides)
     assert not (tmp_path / "x.jsonl").exists()
     script = Path(sys.executable).parent / "omnibert-predict"
-    bad = subprocess.run([str(script), f"ckpt={squad_dir}", "task=mrpc", "text=a",
+    bad = subprocess.run([str(script), f"ckpt={squad_dir}", "task_name=mrpc", "text=a",
                           f"hydra.run.dir={tmp_path}/h"], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
-    assert "cannot predict task=mrpc" in bad.stderr
+    assert "cannot predict task_name=mrpc" in bad.stderr
 
 
 def _bad_tsv(tmp_path: Path) -> Path:

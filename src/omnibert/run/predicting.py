@@ -48,14 +48,14 @@ def _kind(recipe: Mapping[str, Any]) -> str:
 
 
 def check_task(cfg: Mapping[str, Any], recipe: Mapping[str, Any], ckpt: str) -> None:
-    """A checkpoint of one task asked to predict another (``task=``, or inputs of another
-    kind): one sentence."""
+    """A checkpoint of one task asked to predict another (``task_name=``, or inputs of
+    another kind): one sentence."""
     name = recipe.get("name")
-    wanted = cfg.get("task")
+    wanted = cfg.get("task_name")
     if wanted and wanted != name:
         raise FineTuneInputError(
-            f"ckpt={ckpt} is a task={name} model and cannot predict task={wanted}; pass the "
-            f"run directory of an omnibert-finetune task={wanted} run (or drop task=)."
+            f"ckpt={ckpt} is a task={name} model and cannot predict task_name={wanted}; pass "
+            f"the run directory of an omnibert-finetune task={wanted} run (or drop task_name=)."
         )
     squad_keys = [k for k in ("question", "context") if cfg.get(k) is not None]
     text_keys = [k for k in ("text", "text_pair") if cfg.get(k) is not None]
@@ -121,9 +121,11 @@ def _squad_inputs(cfg: Mapping[str, Any], recipe: Mapping[str, Any]) -> Inputs:
             qid = str(record.get("id", number))
             examples.append(SquadExample(qid, record["question"], record["context"]))
         return Inputs(examples, True, False)
-    examples = read_squad(path, "input_file", training=False,
-                          version_2=recipe.get("format") == "squad_v2")  # fmt: skip
-    return Inputs(examples, True, all(e.answers for e in examples))
+    version_2 = recipe.get("format") == "squad_v2"
+    examples = read_squad(path, "input_file", training=False, version_2=version_2)
+    # v1.1: every question answered; v2.0: some (the others are the unanswerable ones)
+    labelled = any(e.answers for e in examples) if version_2 else all(e.answers for e in examples)
+    return Inputs(examples, True, labelled)
 
 
 def _pair_columns(names: list[str], path: Path, task: str) -> tuple[str, str]:
