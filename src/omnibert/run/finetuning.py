@@ -330,7 +330,9 @@ def logits(
 ) -> Any:
     """The task's outputs over ``tensors`` in batches, as numpy (float32): SQuAD a pair of
     ``[N,S]`` start/end arrays (columns a ``trim`` collate cut off are -inf), classification
-    ``[N,labels]``. ``progress(done, total)`` is called with the rows done after each batch."""
+    ``[N,labels]``. With an enabled ``trim`` (the default) rows run shortest first, so each
+    batch holds rows of similar length (length bucketing; the outputs come back in the
+    input order). ``progress(done, total)`` is called with the rows done after each batch."""
     import contextlib
 
     import torch
@@ -342,10 +344,14 @@ def logits(
     device = next(task.parameters()).device
     n = int(tensors["input_ids"].shape[0])
     width = int(tensors["input_ids"].shape[1])
+    order = torch.arange(n)
+    if trim.enabled:
+        order = torch.argsort(tensors["attention_mask"].sum(dim=1), stable=True)
     outs: list[Any] = []
     with torch.no_grad(), autocast if autocast is not None else contextlib.nullcontext():
         for start in range(0, n, batch_size):
-            rows = {k: v[start : start + batch_size] for k, v in tensors.items()}
+            index = order[start : start + batch_size]
+            rows = {k: v[index] for k, v in tensors.items()}
             if trim.enabled:
                 rows = trim.trim(rows)
             out = task({k: v.to(device) for k, v in rows.items()})
@@ -357,9 +363,10 @@ def logits(
                 outs.append(out.float().cpu().numpy())
             if progress is not None:
                 progress(min(start + batch_size, n), n)
+    back = np.argsort(order.numpy(), kind="stable")  # position of each input row in `order`
     if outs and isinstance(outs[0], tuple):
-        return tuple(np.concatenate(parts) for parts in zip(*outs, strict=True))
-    return np.concatenate(outs) if outs else np.zeros((0, 1), dtype=np.float32)
+        return tuple(np.concatenate(parts)[back] for parts in zip(*outs, strict=True))
+    return np.concatenate(outs)[back] if outs else np.zeros((0, 1), dtype=np.float32)
 
 
 def predict_squad(
