@@ -54,6 +54,9 @@ def _predict(*overrides: str) -> dict:
 
 def test_pairs_from_the_command_line_tsv_and_jsonl_agree(runs, tmp_path, capsys):
     run_dir, dev, summary = runs["mrpc"]
+    # the final checkpoint holds weights and hparams, not AdamW's moments (never resumed)
+    saved = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=True)
+    assert "optimizer_states" not in saved and "hyper_parameters" in saved
     result = _predict(f"ckpt={run_dir}", f"input_file={dev}", f"out={tmp_path / 'a.jsonl'}")
     lines = (tmp_path / "a.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]

@@ -296,7 +296,9 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     trainer.fit(task, train_dataloaders=loader)
     seconds = time.perf_counter() - start
     checkpoint = run_dir / "checkpoints" / "final.ckpt"
-    trainer.save_checkpoint(checkpoint)
+    # weights and hparams only: a finished fine-tuning run is predicted from, never resumed,
+    # and AdamW's two moments would triple the file (and the time to write it)
+    trainer.save_checkpoint(checkpoint, weights_only=True)
     losses = task.losses()
     tenth = max(1, len(losses) // 10)
     facts = {
