@@ -12,8 +12,9 @@ alike), in this process with the same torch threads and fp32:
   ``run_qa.py`` / ``run_glue.py`` make them (fast tokenizer, ``stride`` windows,
   ``padding="max_length"``: those scripts' default ``pad_to_max_length=True``; or
   ``--hf-padding longest``: ``DataCollatorWithPadding``), the same epochs, batch, LR, 10 %
-  warmup (``warmup_steps=0.1``, a ratio in transformers 5) + linear decay, weight decay 0.01, AdamW, no gradient clipping
-  (``max_grad_norm=0``, as omnibert), ``attn_implementation="sdpa"``.
+  warmup (``warmup_steps=0.1``, a ratio in transformers 5) + linear decay from the warmup's
+  end, weight decay 0.01 (none on bias/LayerNorm), AdamW eps 1e-6, gradient clipping at 1.0
+  (as omnibert's conf/finetune.yaml), ``attn_implementation="sdpa"``.
 
 The timed span starts before the data files are read and ends when training returns (both
 frameworks already imported); the
@@ -144,7 +145,7 @@ def hf_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, seed: 
     training = transformers.TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=args.batch, learning_rate=args.lr,
         num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01, adam_epsilon=1e-6,
-        max_grad_norm=0.0, lr_scheduler_type="linear", seed=seed, report_to=[],
+        max_grad_norm=1.0, lr_scheduler_type="linear", seed=seed, report_to=[],
         save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True,
         dataloader_num_workers=0,
     )  # fmt: skip
