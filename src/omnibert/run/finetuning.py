@@ -121,6 +121,10 @@ class Prepared:
     total_steps: int
     plugin: Any
     extras: dict[str, Any] = field(default_factory=dict)
+    #: trainer.precision with auto resolved by the accelerator
+    precision: str = "32-true"
+    #: the kernels the run uses (precision, optimiser update; omnibert.run.kernels)
+    kernels: dict[str, str] = field(default_factory=dict)
 
 
 def features(
@@ -164,7 +168,8 @@ def prepare(cfg: DictConfig) -> Prepared:
 
     c, recipe = inputs.c, inputs.recipe
     plugin = build_plugin(cfg.accelerator)
-    plugin.check_precision(str(c["trainer"].get("precision")))
+    precision, why = plugin.resolve_precision(c["trainer"].get("precision"))
+    plugin.check_precision(precision)
     if plugin.name == "ipu":
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
@@ -191,9 +196,16 @@ def prepare(cfg: DictConfig) -> Prepared:
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(n / (inputs.micro_batch_size * world))
     steps_per_epoch = math.ceil(batches / inputs.accumulate)
+    from omnibert.run.kernels import optimizer_choice
+
+    kernels = {
+        "precision": f"{precision} ({why})",
+        "optimizer": optimizer_choice(c["optimizer"], plugin.device, 0),
+        "compile": "off (omnibert-finetune runs the model eagerly)",
+    }
     return Prepared(
         inputs, loaded, vocab, tokenizer, tensors, n, steps_per_epoch,
-        steps_per_epoch * recipe["epochs"], plugin,
+        steps_per_epoch * recipe["epochs"], plugin, precision=precision, kernels=kernels,
     )  # fmt: skip
 
 
@@ -262,7 +274,7 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
         generator=torch.Generator().manual_seed(int(c["seed"])),
         num_workers=int(c["data"].get("num_workers") or 0),
     )
-    hardware = prepared.plugin.trainer_kwargs(str(c["trainer"].get("precision")))
+    hardware = prepared.plugin.trainer_kwargs(prepared.precision)
     plugins = hardware.pop("plugins")
     loggers = [instantiate_node(n) for n in (c.get("logger") or {}).values() if n is not None]
     trainer = instantiate_node(
@@ -346,7 +358,7 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     recipe, examples = inputs.recipe, inputs.eval
     if not examples:
         return {}
-    autocast = prepared.plugin.autocast(str(inputs.c["trainer"].get("precision")))
+    autocast = prepared.plugin.autocast(prepared.precision)
     if recipe["format"] == "squad":
         from omnibert.finetune.squad import write_predictions
         from omnibert.finetune.squad_metric import squad_scores
@@ -383,6 +395,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f"micro {prepared.inputs.micro_batch_size}, accumulation {prepared.inputs.accumulate})",
         flush=True,
     )
+    kernels = "; ".join(f"{k} {v}" for k, v in prepared.kernels.items())
+    print(f"omnibert-finetune: kernels: {kernels}", flush=True)
     task, trainer, facts = fit(prepared, run_dir)
     if not trainer.is_global_zero:
         return {}
@@ -399,6 +413,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         **metric_values,
         "metrics": metric_values,
         **facts,
+        "kernels": prepared.kernels,
         "run_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -135,6 +135,8 @@ class TrainPlan:
     micro_batch_choice: str = ""
     #: the host threads and OpenMP wait policy the accelerator set, and why (omnibert.threads)
     threads: str = ""
+    #: which kernels the run uses: precision, attention, optimiser, compile, ... (run.kernels)
+    kernels: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -179,7 +181,7 @@ class TrainPlan:
             ("validation", val),
             ("vocab size", f"{self.vocab_size}"),
             *([("CPU threads", self.threads)] if self.threads else []),
-            ("precision", self.precision),
+            *(list(self.kernels.items()) if self.kernels else [("precision", self.precision)]),
             ("clipping", self.clipping),
             ("init from", self._init_description()),
             ("resume from", self.ckpt_path or "fresh run"),

@@ -40,6 +40,7 @@ from omnibert.run.checks import (
     resolve_vocab_size,
     tf1_bert_config,
 )
+from omnibert.run.kernels import kernel_choices
 from omnibert.run.plan import (
     BatchPlan,
     TrainConfigError,
@@ -133,11 +134,15 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugin, environment = _plugin(cfg)
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
-    plugin.check_precision(str(c["trainer"].get("precision")))
-    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
+    precision, why = plugin.resolve_precision(c["trainer"].get("precision"))
+    plugin.check_precision(precision)
+    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device, precision)
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    plan = plan_run(c, datamodule, batch, precision)
+    model_config = {**c["model"]["config"], "vocab_size": plan.vocab_size}
+    kernels = kernel_choices(plugin, model_config, c["optimizer"], precision, why)
     plan = dataclasses.replace(
-        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
+        plan, micro_batch_choice=choice.reason, threads=threads, kernels=kernels
     )
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
@@ -147,10 +152,11 @@ def prepare(cfg: DictConfig) -> Prepared:
 
 
 def _batch_and_data(
-    cfg: DictConfig, c: dict[str, Any], device: Any = None
+    cfg: DictConfig, c: dict[str, Any], device: Any = None, precision: str | None = None
 ) -> tuple[BatchPlan, Any, Any]:
     """The batch plan, the data module checked against the data (packing included) and the
-    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read)."""
+    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read;
+    ``precision``: the resolved one, default ``trainer.precision``)."""
     from omnibert.models import BertConfig
     from omnibert.run.memory import choose_micro_batch
 
@@ -176,7 +182,7 @@ def _batch_and_data(
             "masked_lm_positions": [1, datamodule.predictions_per_pack],
             "nsp_labels": [1, datamodule.packing.sequences_per_row_max],
         },
-        precision=str(c["trainer"].get("precision")),
+        precision=precision or str(c["trainer"].get("precision")),
         clip=resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"]),
         device=device if device is not None else torch.device("cpu"),
         requested=None if c.get("compile_only") else requested,  # compile-only reports fits
@@ -230,8 +236,11 @@ def check_data(cfg: DictConfig) -> None:
     _batch_and_data(cfg, c)  # the memory of this machine's CPU: the data is what is checked
 
 
-def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
-    """Everything derived from the resolved config ``c`` and the (checked) data."""
+def plan_run(
+    c: dict[str, Any], datamodule: Any, batch: BatchPlan, precision: str | None = None
+) -> TrainPlan:
+    """Everything derived from the resolved config ``c`` and the (checked) data;
+    ``precision``: ``trainer.precision`` resolved by the accelerator (default: as written)."""
     from omnibert.models import BertConfig
 
     model_cfg = dict(c["model"]["config"])
@@ -269,7 +278,7 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
         init_bert_config = tf1_bert_config(init_from, bert_config)
     check_optimizer(c["optimizer"], c.get("schedule"), max_steps)
     micro_clip = resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"])
-    precision = str(c["trainer"].get("precision"))
+    precision = precision or str(c["trainer"].get("precision"))
     if micro_clip is not None and precision.startswith("16"):
         raise TrainConfigError(
             f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
@@ -391,6 +400,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     callbacks = select_progress(callbacks, sys.stdout.isatty(), plan.batch.sequences_per_step)
     loggers = build_loggers(prepared)
     plugin.compile_model(task.model)
+    callbacks += plugin.callbacks()  # e.g. the CUDA graph step marker
     # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
     # the loop counts (IPU: device-side accumulation) override the trainer config's
     hardware = plugin.trainer_kwargs(plan.precision)
