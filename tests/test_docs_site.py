@@ -107,7 +107,7 @@ def test_configuration_reference_of_a_small_conf_dir(tmp_path):
     )
     page = config_reference.render(tmp_path)
     assert "The app: what it does. Second line of the description." in page
-    assert "| `model` | `small` | where the model comes from |" in page
+    assert "- `model: small` — where the model comes from\n- `_self_`\n" in page
     assert "| `steps` | `10` | how many steps at least 1 |" in page
     assert "| `nested.items` | `[1, 2]` | a list |" in page
     assert '| `nested.name` | `"quoted"` |  |' in page

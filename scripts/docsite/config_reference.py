@@ -251,7 +251,12 @@ def _section(cf: ConfigFile, level: str) -> list[str]:
     out.append("")
     out += _paragraphs(cf.description)
     if cf.defaults:
-        out += [*_table(cf.defaults, "defaults entry"), ""]
+        out += ["Defaults list (what it composes, in order):", ""]
+        for entry in cf.defaults:
+            item = f"{entry.path}: {entry.default}" if entry.default else entry.path
+            comment = _cell(entry.comment)
+            out.append(f"- `{item}`" + (f" — {comment}" if comment else ""))
+        out.append("")
     if cf.keys:
         out += [*_table(cf.keys, "key"), ""]
     return out
