@@ -166,55 +166,104 @@ def _save_svg(figure: Any, path: Path) -> None:
         figure.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
 
 
-def _figure(width: float = 7.0, height: float = 3.6) -> Any:
+def figure(
+    panels: int = 1, width: float | None = None, height: float = 3.6
+) -> tuple[Any, list[Any]]:
+    """A figure with ``panels`` axes side by side: (figure, axes)."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width or max(5.0, 4.6 * panels), height), layout="constrained")
+    return fig, list(fig.subplots(1, panels, squeeze=False)[0])
 
 
-def bars(
+def draw_bars(
+    ax: Any,
     title: str,
     ylabel: str,
     groups: Sequence[str],
-    series: Mapping[str, Sequence[float]],
+    series: Mapping[str, Sequence[float | None]],
     *,
     ratio_of: tuple[str, str] | None = None,
+    labels: Sequence[str] | None = None,
     log: bool = False,
-) -> Any:
-    """Grouped bars: one group per configuration, one bar per implementation (omnibert and
-    its peer). ``ratio_of=(a, b)`` writes a/b above each group."""
+    ylim: tuple[float, float] | None = None,
+) -> None:
+    """Grouped bars on ``ax``: one group per configuration, one bar per implementation
+    (omnibert first, then its peer); a missing value (None) leaves a gap. ``ratio_of=(a, b)``
+    writes a/b above each group, or ``labels`` (one per group) when given."""
     import numpy as np
 
-    fig = _figure(max(5.0, 1.6 * len(groups) + 2.5))
-    ax = fig.add_subplot()
     x = np.arange(len(groups))
     width = 0.8 / max(1, len(series))
     for i, (label, values) in enumerate(series.items()):
         offset = (i - (len(series) - 1) / 2) * width
-        ax.bar(x + offset, values, width, label=label, color=COLOURS[i % len(COLOURS)])
+        heights = [np.nan if v is None else v for v in values]
+        ax.bar(x + offset, heights, width, label=label, color=COLOURS[i % len(COLOURS)])
     if ratio_of is not None:
         a, b = (series[k] for k in ratio_of)
-        tops = [max(v[j] for v in series.values()) for j in range(len(groups))]
         for j, (va, vb) in enumerate(zip(a, b, strict=True)):
-            if vb:
+            if va and vb:
+                top = max(v[j] or 0 for v in series.values())
                 ax.annotate(
-                    f"{va / vb:.2f}x",
-                    (x[j], tops[j]),
+                    labels[j] if labels is not None else f"{va / vb:.2f}x",
+                    (x[j], top),
                     xytext=(0, 3),
                     textcoords="offset points",
                     ha="center",
                     fontweight="bold",
                 )
         ax.margins(y=0.15)
-    ax.set_xticks(x, groups)
+    ax.set_xticks(x, groups, fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if log:
         ax.set_yscale("log")
-    ax.legend(frameon=False)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.legend(frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+
+
+def bars(
+    title: str,
+    ylabel: str,
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float | None]],
+    *,
+    ratio_of: tuple[str, str] | None = None,
+    labels: Sequence[str] | None = None,
+    log: bool = False,
+) -> Any:
+    """A one-panel figure of :func:`draw_bars`."""
+    fig, (ax,) = figure(1, width=max(5.0, 1.6 * len(groups) + 2.5))
+    draw_bars(ax, title, ylabel, groups, series, ratio_of=ratio_of, labels=labels, log=log)
     return fig
+
+
+def draw_curves(
+    ax: Any,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    target: float | None = None,
+    logx: bool = False,
+) -> None:
+    """Lines of y against x per implementation on ``ax`` (e.g. accuracy against seconds),
+    with an optional horizontal target line (time-to-accuracy)."""
+    for i, (label, (xs, ys)) in enumerate(series.items()):
+        ax.plot(xs, ys, marker="o", markersize=3, label=label, color=COLOURS[i % len(COLOURS)])
+    if target is not None:
+        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(frameon=False, fontsize=8)
+    ax.grid(alpha=0.3)
 
 
 def curves(
@@ -225,17 +274,53 @@ def curves(
     *,
     target: float | None = None,
 ) -> Any:
-    """Lines of y against x per implementation (e.g. accuracy against seconds), with an
-    optional horizontal target line (time-to-accuracy)."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    for i, (label, (xs, ys)) in enumerate(series.items()):
-        ax.plot(xs, ys, marker="o", markersize=3, label=label, color=COLOURS[i % len(COLOURS)])
-    if target is not None:
-        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(frameon=False)
-    ax.grid(alpha=0.3)
+    """A one-panel figure of :func:`draw_curves` (time-to-accuracy: accuracy against seconds
+    of omnibert and its peer, the target as a dashed line)."""
+    fig, (ax,) = figure(1, width=7.0)
+    draw_curves(ax, title, xlabel, ylabel, series, target=target)
     return fig
+
+
+def save_throughput(
+    results_dir: Path,
+    name: str,
+    title: str,
+    setup: str,
+    rates: Mapping[str, Sequence[float]],
+    ratios: Sequence[float],
+    extra: Mapping[str, Any] | None = None,
+    unit: str = "tokens/s",
+    peer: str = "hf",
+    ours: str = "omnibert",
+    headline: str | None = None,
+    notes: Sequence[str] = (),
+) -> list[Path]:
+    """The record of a throughput comparison run in rounds: each round's rate of ``ours`` and
+    of ``peer`` (the keys of ``rates``) as bars with the median, the per-round ratios
+    ours/peer; the headline defaults to the medians and the median ratio."""
+    import statistics
+    import textwrap
+
+    rounds = [f"round {i}" for i in range(len(ratios))] + ["median"]
+    median = {n: statistics.median(v) for n, v in rates.items()}
+    series = {n: [*v, median[n]] for n, v in rates.items()}
+    headline = headline or (
+        f"{ours} {median[ours]:.1f} {unit}, {peer} {median[peer]:.1f} {unit}: median "
+        f"ratio {statistics.median(ratios):.2f}x (per round {min(ratios):.2f}-{max(ratios):.2f}x)"
+    )
+    # above each round its ratio, above the medians the median of the per-round ratios
+    labels = [f"{r:.2f}x" for r in ratios] + [f"{statistics.median(ratios):.2f}x"]
+    fig = bars(textwrap.fill(setup, 70), unit, rounds, series, ratio_of=(ours, peer), labels=labels)
+    rows = [
+        [r, f"{series[ours][i]:.1f}", f"{series[peer][i]:.1f}", labels[i]]
+        for i, r in enumerate(rounds)
+    ]
+    record = Record(
+        name=name,
+        title=title,
+        headline=headline,
+        tables=[Table(setup, ["", f"{ours} {unit}", f"{peer} {unit}", "ratio"], rows)],
+        measurements={"rates": dict(rates), "ratios": list(ratios), **(extra or {})},
+        notes=list(notes),
+    )
+    return save(record, fig, results_dir)

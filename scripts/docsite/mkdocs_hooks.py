@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,3 +47,12 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return benchmark_pages.expand(markdown, records, f"{Path(prefix).as_posix()}/")
     except benchmark_pages.MissingRecord as err:
         raise PluginError(str(err)) from err
+
+
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj):<code>~?")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Docstrings use Sphinx roles (``:class:`Lamb```), which Markdown renders as the role's
+    name before the code (and ``~`` inside it): drop them, keep the code."""
+    return _SPHINX_ROLE.sub("<code>", html)
