@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import benchplot
 import torch
 from torch import Tensor, nn
 
@@ -354,6 +355,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=30522, help="data.vocab_size")
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--json", default=None, help="where to write the results")
+    benchplot.add_arguments(parser)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model, vocab 512, seq 32, 2 rounds of 2 steps (CPU unless --device)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import transformers
 
     results = {
-        "command": vars(args),
+        "command": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
@@ -395,7 +397,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"bench_gpu: results in {path}", flush=True)
+    benchplot.save(record(args, cases, results), None, args.results_dir)
     return results
+
+
+def record(args: argparse.Namespace, cases: list[dict[str, Any]], results: Any) -> Any:
+    """The run as a :class:`benchplot.Record` (the site's benchmark pages read those)."""
+
+    def cell(value: float | None, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    rows = [
+        [
+            f"seq {c['seq']}, {c['packing']}",
+            cell(c["omnibert"]["sequences_per_sec"], ".1f"),
+            cell(c["hf"]["sequences_per_sec"], ".1f"),
+            f"{c['ratio_sequences_per_sec']:.2f}x",
+            cell(c["omnibert"]["real_tokens_per_sec"], ".0f"),
+            cell(c["omnibert"]["mfu"], ".1%"),
+            cell(c.get("ratio_to_published"), ".2f"),
+        ]
+        for c in cases
+    ]
+    device = cases[0]["device"] if cases else "none"
+    headline = "; ".join(f"{r[0]}: {r[3]} omnibert/hf" for r in rows)
+    return benchplot.Record(
+        name=f"gpu-{args.model}" + ("-smoke" if args.smoke else ""),
+        title=f"BERT-{args.model} pretraining step on {device}: omnibert against Hugging Face",
+        headline=headline,
+        command=benchplot.command_line(),
+        machine=benchplot.machine(),
+        tables=[
+            benchplot.Table(
+                f"sequences/s per device ({cases[0]['precision'] if cases else ''})",
+                [
+                    "case",
+                    "omnibert seq/s",
+                    "hf seq/s",
+                    "ratio",
+                    "omnibert real tokens/s",
+                    "omnibert MFU",
+                    "vs published",
+                ],
+                rows,
+            )
+        ],
+        measurements=results,
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ def test_bench_gpu_smoke_runs_both_layouts_and_writes_its_json(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--smoke", "--json", str(out), "--results-dir",
+         str(tmp_path / "records")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -40,6 +41,9 @@ def test_bench_gpu_smoke_runs_both_layouts_and_writes_its_json(tmp_path):
     assert cases["online"]["omnibert"]["sequences_per_step"] > cases["online"]["micro_batch"]
     assert cases["none"]["omnibert"]["sequences_per_step"] == cases["none"]["micro_batch"]
     assert "published" not in cases["none"]  # the published figures are for seq 512
+    record = json.loads((tmp_path / "records" / "gpu-tiny-smoke.json").read_text())
+    assert [row[0] for row in record["tables"][0]["rows"]] == ["seq 32, none", "seq 32, online"]
+    assert record["measurements"]["cases"] == results["cases"]
 
 
 @pytest.mark.parametrize(
