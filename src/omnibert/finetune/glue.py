@@ -13,7 +13,7 @@ predictions, metrics and submission files, configured per task by ``conf/task/<t
 * **Submission**: ``<Name>.tsv`` (``CoLA.tsv``, ``SST-2.tsv``, ``MNLI-m.tsv``, ``AX.tsv``, ...):
   ``index<TAB>prediction`` under that header, the label written as the GLUE server takes it
   (``task.data.submission_labels``: MNLI/AX/QNLI/RTE by name, the others by number; STS-B a
-  score with three decimals).
+  score, every digit).
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class GlueData(TaskData):
         lines = ["index\tprediction"]
         for index, value in zip(dataset["idx"], predictions, strict=True):
             if self.regression:
-                text = f"{float(value):.3f}"
+                text = repr(float(value))  # every digit: the metrics are computed from these
             elif self.submission_labels is not None:
                 text = self.submission_labels[int(value)]
             else:

@@ -9,58 +9,60 @@
   similarity scores (STS-B), ``scipy.stats.pearsonr`` / ``spearmanr``.
 
 All on the 0-1 scale, as the GLUE server reports them before the x100 of its table. Computed
-by torchmetrics (accuracy, F1, Matthews) and scipy (correlations), which compute exactly these.
+by scikit-learn (accuracy, F1, Matthews) and scipy (correlations), the functions GLUE's own
+baseline code calls. Not torchmetrics: its Matthews correlation of a one-class prediction is
+not 0 (it smooths the empty confusion-matrix cells).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["METRICS", "compute", "task_score"]
 
 
-def _tensors(predictions: Sequence[float], labels: Sequence[float]) -> tuple:
-    import torch
+def _arrays(predictions: Sequence[float], labels: Sequence[float]) -> tuple[Any, Any]:
+    import numpy as np
 
     if len(predictions) != len(labels) or not labels:
         raise ValueError("predictions and labels must be non-empty and of equal length")
-    return torch.as_tensor(list(predictions)), torch.as_tensor(list(labels))
+    return np.asarray(list(predictions)), np.asarray(list(labels))
 
 
 def accuracy(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    p, y = _tensors(predictions, labels)
-    return float((p == y).double().mean())
+    from sklearn.metrics import accuracy_score
+
+    p, y = _arrays(predictions, labels)
+    return float(accuracy_score(y, p))
 
 
 def f1(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    from torchmetrics.functional.classification import binary_f1_score
+    from sklearn.metrics import f1_score
 
-    p, y = _tensors(predictions, labels)
-    return float(binary_f1_score(p.long(), y.long()))
+    p, y = _arrays(predictions, labels)
+    return float(f1_score(y, p, pos_label=1, average="binary", zero_division=0))
 
 
 def matthews_correlation(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    from torchmetrics.functional.classification import multiclass_matthews_corrcoef
+    from sklearn.metrics import matthews_corrcoef
 
-    p, y = _tensors(predictions, labels)
-    classes = int(max(int(p.max()), int(y.max())) + 1)
-    if classes < 2:
-        return 0.0
-    return float(multiclass_matthews_corrcoef(p.long(), y.long(), num_classes=classes))
+    p, y = _arrays(predictions, labels)
+    return float(matthews_corrcoef(y, p))
 
 
 def pearson(predictions: Sequence[float], labels: Sequence[float]) -> float:
     from scipy.stats import pearsonr
 
-    _tensors(predictions, labels)
-    return float(pearsonr(list(predictions), list(labels))[0])
+    p, y = _arrays(predictions, labels)
+    return float(pearsonr(p, y)[0])
 
 
 def spearmanr(predictions: Sequence[float], labels: Sequence[float]) -> float:
     from scipy.stats import spearmanr as scipy_spearmanr
 
-    _tensors(predictions, labels)
-    return float(scipy_spearmanr(list(predictions), list(labels))[0])
+    p, y = _arrays(predictions, labels)
+    return float(scipy_spearmanr(p, y)[0])
 
 
 #: metric name (task.data.metrics) -> function(predictions, labels)

@@ -207,6 +207,8 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
         )
+    # CPU threads from the CPUs this process may use, as pretraining sets them
+    plugin.configure_threads(int(c["data"].get("num_workers") or 0))
     ckpt_path = resolve_ckpt_path(c.get("ckpt_path"), c["paths"]["checkpoint_dir"])
     loaded = load_encoder_source(c, recipe)
     vocab = loaded.vocab_file
