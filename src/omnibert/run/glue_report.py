@@ -35,7 +35,7 @@ def glue_table(summaries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for task in order:
         runs = sorted(by_task[task], key=lambda s: s.get("seed", 0))
         keys = list(runs[0]["metrics"])
-        metrics = {}
+        metrics: dict[str, dict[str, Any]] = {}
         for key in keys:
             values = [float(r["metrics"][key]) for r in runs if key in r["metrics"]]
             metrics[key] = {"median": statistics.median(values), "values": values}
@@ -43,7 +43,7 @@ def glue_table(summaries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "label": runs[0].get("task_label", task),
             "metrics": metrics,
             "seeds": [r.get("seed") for r in runs],
-            "score": statistics.fmean(m["median"] for m in metrics.values()),
+            "score": statistics.fmean(float(m["median"]) for m in metrics.values()),
         }
     scores = [t["score"] for t in tasks.values()]
     return {

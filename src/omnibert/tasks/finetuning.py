@@ -1,5 +1,5 @@
-"""Fine-tuning LightningModules: extractive QA (SQuAD) and sentence-pair classification
-(GLUE MRPC) on the BERT encoder.
+"""Fine-tuning LightningModules: extractive QA (SQuAD) and sentence (pair) classification or
+regression (GLUE; STS-B with one output) on the BERT encoder.
 
 Like :class:`~omnibert.tasks.PretrainingTask` they keep plain data in ``hparams`` (the model
 config, the optimiser and schedule ``_target_`` dicts, the task's recipe, where the encoder
