@@ -138,3 +138,38 @@ def test_offline_with_nothing_cached_names_the_dataset_and_the_files(tmp_path, m
     assert "data.dataset=<a local directory in the Hub's layout>" in message
     with pytest.raises(FineTuneInputError, match=r"the dataset rajpurkar/squad \(plain_text\)"):
         _inputs(tmp_path, "task=squad")
+
+
+def test_squad_loads_the_same_rows_from_the_hub_layout_and_the_official_json(tmp_path):
+    import json
+
+    from glue_data import hub_squad_dir
+
+    from omnibert.finetune.squad import squad_json_columns
+
+    root = hub_squad_dir(tmp_path / "squad", train=6, evaluation=4, seed=7)
+    hub = _inputs(tmp_path, "task=squad", f"data.dataset={root}")
+    assert hub.where["train"] == f"{root} (plain_text, split train)"
+    assert hub.train.column_names == ["id", "title", "context", "question", "answers"]
+    columns = {k: hub.evals["validation"][k] for k in ("id", "context", "question", "answers")}
+
+    def qa(i, q, a):
+        starts = zip(a["text"], a["answer_start"], strict=True)
+        return {"id": i, "question": q, "answers": [{"text": t, "answer_start": s}
+                                                    for t, s in starts]}  # fmt: skip
+
+    paragraphs = [{"context": c, "qas": [qa(i, q, a)]}
+                  for i, c, q, a in zip(*columns.values(), strict=True)]  # fmt: skip
+    data = [{"title": "t", "paragraphs": paragraphs}]
+    dev = tmp_path / "dev-v1.1.json"
+    dev.write_text(json.dumps({"version": "1.1", "data": data}))
+    train = tmp_path / "train-v1.1.json"
+    train.write_text(json.dumps({"version": "1.1", "data": data}))
+    files = _inputs(tmp_path, "task=squad", f"data.train_file={train}", f"data.eval_file={dev}")
+    from_json = squad_json_columns(data)
+    for key in ("id", "context", "question", "answers"):
+        assert files.evals["validation"][key] == from_json[key] == columns[key]
+    examples = files.data.examples(files.evals["validation"], "dev", training=True)
+    for ex in examples:  # every answer_start points at its text in the context
+        text, start = ex.answers[0]
+        assert ex.context[start : start + len(text)] == text
