@@ -197,6 +197,11 @@ def test_a_fine_tuned_checkpoint_continues_only_into_a_task_with_its_head(
     mnli = Path(mnli_run[0]["run_dir"])
     again = _run("mnli", hub, mnli, tmp_path)  # 3 labels -> 3 labels: encoder and head
     assert again["new_keys"] == []
+    final = Path(again["run_dir"]) / "checkpoints" / "final.ckpt"
+    written = final.stat().st_mtime_ns
+    with pytest.raises(FineTuneInputError, match=r"already holds final\.ckpt, a finished"):
+        _run("mnli", hub, tiny_hf, tmp_path)  # the same run directory: nothing overwritten
+    assert final.stat().st_mtime_ns == written
     with pytest.raises(FineTuneInputError) as caught:  # a regression task, a classifier
         _run("stsb", hub, mnli, tmp_path / "stsb")
     assert str(caught.value) == (

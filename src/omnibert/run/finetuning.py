@@ -209,7 +209,13 @@ def prepare(cfg: DictConfig) -> Prepared:
         )
     # CPU threads from the CPUs this process may use, as pretraining sets them
     plugin.configure_threads(int(c["data"].get("num_workers") or 0))
-    ckpt_path = resolve_ckpt_path(c.get("ckpt_path"), c["paths"]["checkpoint_dir"])
+    checkpoint_dir = Path(c["paths"]["checkpoint_dir"])
+    if c.get("ckpt_path") is None and (checkpoint_dir / "final.ckpt").is_file():
+        raise FineTuneInputError(
+            f"{checkpoint_dir} already holds final.ckpt, a finished fine-tuning run; choose "
+            "another run_name (or seed, or paths.output_root) to keep it, or delete it."
+        )
+    ckpt_path = resolve_ckpt_path(c.get("ckpt_path"), checkpoint_dir)
     loaded = load_encoder_source(c, recipe)
     vocab = loaded.vocab_file
     if vocab is None or not Path(vocab).is_file():
