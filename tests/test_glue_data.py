@@ -111,6 +111,8 @@ def test_bad_inputs_are_one_sentence_before_compute(tmp_path, hub):
         "'mnli', 'ax', 'stsb']); add qnli/<split>-00000-of-00001.parquet and name it in its "
         "README.md.": ["task=qnli", f"data.dataset={hub}"],
         "data.train_file=missing.tsv does not exist": ["task=rte", "data.train_file=missing.tsv"],
+        "data.eval_file names match, which task=mnli does not have; its eval splits are "
+        "matched, mismatched.": ["task=mnli", f"data.dataset={hub}", "data.eval_file={match:a}"],
         "task.num_labels=2 but task=stsb has a regression score; set task.num_labels=1":
             ["task=stsb", "task.num_labels=2"],
     }  # fmt: skip

@@ -104,6 +104,14 @@ def _splits(inputs_c: dict[str, Any], data: Any, role: str) -> tuple[dict[str, A
     data_cfg = inputs_c["data"]
     splits = data.eval_splits if role == "eval" else data.test_splits
     local = any(data_cfg.get(k) for k in ("train_file", "eval_file", "test_file"))
+    key = f"{role}_file"
+    given = data_cfg.get(key)
+    if isinstance(given, dict) and set(given) - set(splits):
+        unknown = ", ".join(sorted(set(given) - set(splits)))
+        raise FineTuneInputError(
+            f"data.{key} names {unknown}, which task={data.task} does not have; its "
+            f"{role} splits are {', '.join(splits) or 'none'}."
+        )
     out, where = {}, {}
     for position, (name, split) in enumerate(splits.items()):
         file, _ = file_for(data_cfg, role, name, position == 0)
