@@ -3,7 +3,8 @@
 layout loaded through the same call as Hub names, and every kind of bad input as one sentence
 naming the file or dataset and the fix (wrong columns or labels, another task's file, a test
 split to train on, a classification file for the regression task, offline with nothing
-cached). ``check_inputs`` reads and checks the data only: no model, no torch compute."""
+cached; and what is cached loads offline by its Hub name). ``check_inputs`` reads and checks
+the data only: no model, no torch compute."""
 
 from __future__ import annotations
 
@@ -140,6 +141,15 @@ def test_offline_with_nothing_cached_names_the_dataset_and_the_files(tmp_path, m
     assert "data.dataset=<a local directory in the Hub's layout>" in message
     with pytest.raises(FineTuneInputError, match=r"the dataset rajpurkar/squad \(plain_text\)"):
         _inputs(tmp_path, "task=squad")
+    # the cache as a load of nyu-mll/glue leaves it (<cache>/nyu-mll___glue/rte/0.0.0/<hash>/
+    # glue-<split>.arrow), here filled by loading a Hub-layout directory named glue: offline,
+    # the Hub name loads from it
+    datasets.load_dataset(str(hub_glue_dir(tmp_path / "glue", ["rte"])), "rte",
+                          cache_dir=tmp_path / "cache")  # fmt: skip
+    (tmp_path / "cache" / "glue").rename(tmp_path / "cache" / "nyu-mll___glue")
+    inputs = _inputs(tmp_path, "task=rte")
+    assert inputs.where["train"] == "nyu-mll/glue (rte, split train)"
+    assert len(inputs.train) == 24 and len(inputs.evals["validation"]) == 12
 
 
 def test_squad_loads_the_same_rows_from_the_hub_layout_and_the_official_json(tmp_path):
