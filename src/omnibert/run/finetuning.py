@@ -464,7 +464,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "run_dir": str(run_dir),
     }
     curves = write_curves(  # the loss curve (and the final metrics) next to summary.json
-        trainer.loggers,
+        built.trainer.loggers,
         run_dir,
         f"omnibert-finetune {c['run_name']}: {facts['steps']} steps",
         final={k: float(v) for k, v in metric_values.items() if isinstance(v, int | float)},
