@@ -159,6 +159,9 @@ class MultiTensorLamb:
 
     def _pointers(self, rows: Sequence[Sequence[Tensor | None]], device: torch.device) -> Tensor:
         """``[5, T]`` addresses (g, p, m, v, mirror) and ``[5, T]`` dtype codes, as one tensor."""
+        for x in (x for row in rows for x in row):
+            if x is not None and x.dtype not in _DTYPE_CODES:
+                raise ValueError(f"MultiTensorLamb handles fp32/bf16/fp16 tensors, not {x.dtype}.")
         addrs = [[0 if x is None else x.data_ptr() for x in row] for row in rows]
         codes = [[0 if x is None else _DTYPE_CODES[x.dtype] for x in row] for row in rows]
         key = tuple(a for row in addrs for a in row) + tuple(c for row in codes for c in row)
@@ -218,13 +221,14 @@ class MultiTensorLamb:
         total = grad_sumsq[:C].sum().reshape(1)
         if all_reduce is not None:
             all_reduce(total)
-        clip = max_grad_norm is not None and max_grad_norm > 0
+        threshold = 0.0 if max_grad_norm is None else float(max_grad_norm)
+        clip = threshold > 0
         l2 = not adam_w_mode
         partials = torch.empty(max(C, 1), 2, dtype=torch.float32, device=device)
         if C:
             k["moments"][(C,)](
                 *(chunks, ptrs, codes, layout["group"], layout["decay"], coefs, total),
-                *(partials, T, float(max_grad_norm) if clip else 1.0),
+                *(partials, T, threshold if clip else 1.0),
                 L2=l2,
                 CLIP=clip,
                 NCOEF=_NCOEF,
