@@ -119,17 +119,15 @@ class MultiTensorLamb:
     """The launcher: builds and caches the tables, runs the four kernels for one step.
 
     Args:
-        chunk_size: elements per Triton program (apex uses 65,536 for LAMB).
-        block: elements per inner iteration (a power of two dividing ``chunk_size``).
+        chunk_size: elements per Triton program (apex uses 65,536 for LAMB), a power of two
+            of at least 16; each program loops over blocks of ``min(1024, chunk_size / 4)``.
     """
 
-    def __init__(self, chunk_size: int = CHUNK_SIZE, block: int = BLOCK_SIZE) -> None:
-        if block <= 0 or block & (block - 1) or chunk_size % block:
-            raise ValueError(
-                f"block={block} must be a power of two dividing chunk_size={chunk_size}."
-            )
+    def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
+        if chunk_size < 16 or chunk_size & (chunk_size - 1):
+            raise ValueError(f"chunk_size={chunk_size} must be a power of two >= 16.")
         self.chunk_size = chunk_size
-        self.block = block
+        self.block = min(BLOCK_SIZE, chunk_size // 4)
         self._layout_key: tuple[Any, ...] | None = None
         self._layout: dict[str, Tensor] = {}
         self._ptr_key: tuple[int, ...] | None = None

@@ -29,10 +29,20 @@ def _load(ptr_table, t, offs, mask, code):
 
 
 @triton.jit
+def _to_bf16(x):
+    """fp32 -> bf16 rounded to nearest, ties to even, as torch rounds (integer ops, so the
+    interpreter, whose cast truncates, and CUDA give the same bits); inf stays inf, NaN NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    bits = tl.where(x == x, bits, 0x7FC00000)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _store(ptr_table, t, offs, mask, code, x):
     addr = tl.load(ptr_table + t)
     if code == 1:
-        tl.store(addr.to(tl.pointer_type(tl.bfloat16)) + offs, x.to(tl.bfloat16), mask=mask)
+        tl.store(addr.to(tl.pointer_type(tl.bfloat16)) + offs, _to_bf16(x), mask=mask)
     elif code == 2:
         tl.store(addr.to(tl.pointer_type(tl.float16)) + offs, x.to(tl.float16), mask=mask)
     else:

@@ -157,6 +157,11 @@ class Lamb(torch.optim.Optimizer):
             raise ValueError(f"Lamb impl={impl!r} is not one of {IMPLS}.")
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("Lamb needs lr >= 0, eps >= 0 and weight_decay >= 0.")
+        if triton_chunk_size < 16 or triton_chunk_size & (triton_chunk_size - 1):
+            raise ValueError(
+                f"Lamb triton_chunk_size={triton_chunk_size} must be a power of two >= 16 "
+                "(apex: 65536)."
+            )
         b1, b2 = (float(b) for b in betas)
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise ValueError(f"Lamb betas must lie in [0, 1), got {tuple(betas)}.")
