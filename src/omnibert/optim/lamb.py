@@ -30,6 +30,7 @@ from omnibert.optim.lamb_math import (
     reference_update,
 )
 from omnibert.optim.param_groups import matches_any, normalize_params
+from omnibert.optim.sharding import dtensor_shard_group, local
 
 IMPLS = ("auto", "reference", "foreach", "compiled", "triton")
 UpdateFn = Callable[[LambBatch, Tensor], None]
@@ -123,9 +124,11 @@ class Lamb(torch.optim.Optimizer):
             ``"triton"``.
         triton_chunk_size: elements per Triton program for ``impl="triton"`` (apex: 65,536).
 
-    Sharded parameters (FSDP): after :meth:`shard_norms_over`, the global gradient norm and
-    every tensor's ``‖p‖``, ``‖u‖`` are sums of squares over the ranks' shards, each all-reduced
-    once per step as one stacked vector, so the step is the unsharded one.
+    Sharded parameters (FSDP2 ``DTensor``s, found by themselves; FSDP1 flat views after
+    :meth:`shard_norms_over`): the squared global gradient norm and the stacked squared
+    ``‖p‖``, ``‖u‖`` of every tensor are summed over the ranks' shards, one all-reduce each
+    (the clip factor must be known before the moments, hence two), so the step is the
+    unsharded one (:mod:`omnibert.optim.sharding`).
     """
 
     def __init__(
@@ -189,6 +192,8 @@ class Lamb(torch.optim.Optimizer):
         self.triton_chunk_size = triton_chunk_size
         self._multi_tensor: Any = None  # omnibert_kernels.lamb_triton.MultiTensorLamb
         self.shard_group: Any = None  # torch.distributed process group of the shards
+        self._dtensor_group: Any = None
+        self._dtensor_checked = False
         self.last_grad_norm: Tensor | None = None  # global norm before clipping (for logging)
         self._broken_impls: set[str] = set()
         self._warmed: set[str] = {"reference", "foreach"}
@@ -297,31 +302,32 @@ class Lamb(torch.optim.Optimizer):
                 raise RuntimeError("Lamb does not support sparse gradients.")
             state = self.state[p]
             low_precision = p.dtype in (torch.float16, torch.bfloat16)
-            if not state:
+            if not state:  # DTensor state for DTensor parameters (FSDP2's state dicts)
                 state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
                 if low_precision and self.master_weights:
                     state["master"] = p.detach().to(torch.float32, copy=True)
+            own = local(p.detach())  # this rank's shard (the tensor itself when unsharded)
             master = state.get("master")
             mirror = None
             if master is not None:
-                work = master
+                work = local(master)
                 if native_low_precision:
-                    mirror = p.detach()
+                    mirror = own
                 else:
-                    copy_back.append((p, master))
+                    copy_back.append((own, work))
             elif low_precision and not native_low_precision:
-                work = p.detach().float()  # master_weights=False: fp32 work, rounded after
-                copy_back.append((p, work))
+                work = own.float()  # master_weights=False: fp32 work, rounded after
+                copy_back.append((own, work))
             else:
-                work = p.detach()  # same storage: updated in place
+                work = own  # same storage: updated in place
             params.append(work)
-            grad = p.grad
+            grad = local(p.grad)
             if not native_low_precision and grad.dtype != torch.float32:
                 grad = grad.float()
             grads.append(grad)
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
+            ms.append(local(state["exp_avg"]))
+            vs.append(local(state["exp_avg_sq"]))
             names.append(name)
             mirrors.append(mirror)
         decays = [float(group["weight_decay"])] * len(params)
@@ -352,7 +358,15 @@ class Lamb(torch.optim.Optimizer):
     def _reducer(self, slots: list[int]) -> Callable[[Tensor], None] | None:
         """``None`` unsharded; else an in-place sum over the shards' ranks: ``[1]`` (Σg²) as
         is, ``[n, 2]`` per-tensor rows through a vector with one row per parameter."""
-        if self.shard_group is None:
+        group = self.shard_group
+        if group is None:
+            if not self._dtensor_checked:
+                self._dtensor_group = dtensor_shard_group(
+                    p for g in self.param_groups for p in g["params"]
+                )
+                self._dtensor_checked = True
+            group = self._dtensor_group
+        if group is None:
             return None
         import torch.distributed as dist
 
@@ -360,12 +374,12 @@ class Lamb(torch.optim.Optimizer):
 
         def all_reduce(t: Tensor) -> None:
             if t.dim() == 1:
-                dist.all_reduce(t, group=self.shard_group)
+                dist.all_reduce(t, group=group)
                 return
             rows = torch.tensor(slots, dtype=torch.long, device=t.device)
             full = torch.zeros(total, 2, dtype=t.dtype, device=t.device)
             full.index_copy_(0, rows, t)
-            dist.all_reduce(full, group=self.shard_group)
+            dist.all_reduce(full, group=group)
             t.copy_(full.index_select(0, rows))
 
         return all_reduce
@@ -378,7 +392,7 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         params = [p for g in self.param_groups for p in g["params"]]
-        device = params[0].device if params else torch.device("cpu")
+        device = local(params[0]).device if params else torch.device("cpu")
         name = self.resolve_impl()
         if not self._warm_up(name, device):
             name = self.resolve_impl()
