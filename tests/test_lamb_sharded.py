@@ -86,3 +86,31 @@ def test_per_shard_norms_would_fail_the_tolerance():
     moved = max((p.detach() - start[n]).abs().max().item() for n, p in model.named_parameters())
     # the trust ratio scales each step linearly: a ratio off by sqrt(2) changes the step by 40%
     assert moved * (2**0.5 - 1) > 1e-3
+
+
+@pytest.mark.gpu
+def test_fsdp1_wrapping_on_one_gpu_hands_lamb_its_group_and_matches_plain_lamb(tmp_path):
+    """FSDP1 needs an accelerator: on one GPU its flat views and the task's wiring
+    (:func:`attach_shard_group`) run for real (one rank, so the sums are the local ones)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from omnibert.optim.sharding import attach_shard_group
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        want = {k: v.cuda() for k, v in single_process(3, "foreach", 1.0).items()}
+        model = model_of().cuda()
+        wrapped = FullyShardedDataParallel(model, use_orig_params=True, device_id=0)
+        opt = Lamb(model.named_parameters(), impl="auto", **LAMB)
+        assert attach_shard_group(opt, wrapped) is not None and opt.shard_group is not None
+        for batch in batches(3):
+            opt.zero_grad()
+            wrapped({k: v.cuda() for k, v in batch.items()})["loss"].backward()
+            opt.step()
+        with FullyShardedDataParallel.summon_full_params(wrapped):
+            got = {n: p.detach().clone() for n, p in model.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

@@ -34,7 +34,7 @@ def local(t: Tensor) -> Tensor:
     """The rank's own part of ``t`` (a DTensor's local shard; ``t`` itself otherwise)."""
     dtensor = _dtensor_type()
     if dtensor is not None and isinstance(t, dtensor):
-        return t.to_local()  # type: ignore[attr-defined,no-any-return]
+        return t.to_local()  # type: ignore[attr-defined]
     return t
 
 
@@ -79,13 +79,13 @@ def fsdp_shard_group(module: nn.Module | None) -> Any:
     return None
 
 
-def attach_shard_group(optimizer: Any, module: nn.Module | None) -> bool:
+def attach_shard_group(optimizer: Any, module: nn.Module | None) -> Any:
     """Tell ``optimizer`` (if it takes per-tensor norms: ``shard_norms_over``) the FSDP1 group
-    that shards ``module``; True when the parameters are sharded that way."""
+    that shards ``module``; returns that group (``None``: not sharded by FSDP1)."""
     group = fsdp_shard_group(module)
     if group is None:
-        return False
+        return None
     shard = getattr(optimizer, "shard_norms_over", None)
     if shard is not None:
         shard(group)
-    return True
+    return group
