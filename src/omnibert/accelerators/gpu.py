@@ -142,7 +142,9 @@ class GPUPlugin(AcceleratorPlugin):
             return "foreach"
         from omnibert_kernels.lamb_triton import triton_available
 
-        return "triton (omnibert_kernels)" if triton_available(self.device) else "foreach"
+        return (
+            "triton multi-tensor (omnibert_kernels)" if triton_available(self.device) else "foreach"
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

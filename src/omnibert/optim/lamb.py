@@ -229,7 +229,11 @@ class Lamb(torch.optim.Optimizer):
         if not params:
             return "foreach"
         device = params[0].device
-        if device.type == "cuda" and "triton" not in self._broken_impls:
+        if (
+            device.type == "cuda"
+            and "triton" not in self._broken_impls
+            and all(local(p).is_contiguous() for p in params)
+        ):
             from omnibert_kernels.lamb_triton import triton_available
 
             if triton_available(device):
@@ -238,7 +242,7 @@ class Lamb(torch.optim.Optimizer):
             device.type == "cpu"
             and "compiled" not in self._broken_impls
             and sum(p.numel() for p in params) >= self.compile_min_numel
-            and all(p.is_contiguous() for p in params)
+            and all(local(p).is_contiguous() for p in params)
         ):
             return "compiled"
         return "foreach"
