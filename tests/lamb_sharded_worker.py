@@ -82,20 +82,27 @@ def run_flat(
     return {n: p.detach() for n, p in named}
 
 
+#: the cases one launch runs: (mode, impl, loss scale); 0.01 keeps the gradient norm below
+#: the clipping threshold, 1.0 clips (the Triton case needs TRITON_INTERPRET=1 on CPU)
+CASES = {
+    "fsdp2-clipped": ("fsdp2", "foreach", 1.0),
+    "fsdp1-slices-unclipped": ("flat", "foreach", 0.01),
+    "fsdp1-slices-triton-interpreted": ("flat", "triton", 1.0),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["fsdp2", "flat"], required=True)
-    ap.add_argument("--impl", default="foreach")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--loss-scale", type=float, default=1.0)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out-dir", required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    run = run_fsdp2 if args.mode == "fsdp2" else run_flat
-    params = run(args.steps, args.impl, args.loss_scale)
-    if dist.get_rank() == 0:
-        torch.save(params, args.out)
+    for case, (mode, impl, loss_scale) in CASES.items():
+        run = run_fsdp2 if mode == "fsdp2" else run_flat
+        params = run(args.steps, impl, loss_scale)
+        if dist.get_rank() == 0:
+            torch.save(params, f"{args.out_dir}/{case}.pt")
     dist.destroy_process_group()
 
 
