@@ -30,6 +30,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import benchplot
 import torch
 
 from omnibert.optim import Lamb
@@ -99,6 +100,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round and implementation")
     ap.add_argument("--impls", nargs="*", default=None)
+    benchplot.add_arguments(ap)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -152,6 +154,7 @@ def main() -> None:
         f"\n{'implementation':16s} {'ms/step':>9s} {'min':>9s} {'vs torch-optimizer':>19s}"
         f" {'x floor':>8s} {'x 52 B':>7s}"
     )
+    rows = []
     for name, ts in times.items():
         med = statistics.median(ts)
         speedup = f"{peer / med:.2f}x faster" if peer else "n/a"
@@ -159,6 +162,70 @@ def main() -> None:
             f"{name:16s} {med:9.2f} {min(ts):9.2f} {speedup:>19s} {med / floor_ms:8.2f}"
             f" {med / apex_ms:7.2f}"
         )
+        rows.append(
+            [
+                name,
+                f"{med:.2f}",
+                f"{min(ts):.2f}",
+                speedup,
+                f"{med / floor_ms:.2f}",
+                f"{med / apex_ms:.2f}",
+            ]
+        )
+    save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows)
+
+
+def save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows) -> None:
+    """lamb.json + lamb.svg: ms/step per implementation next to torch-optimizer and the floor."""
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    ours = min((m, n) for n, m in medians.items() if n != "torch-optimizer")
+    headline = f"fastest omnibert LAMB ({ours[1]}) {ours[0]:.0f} ms/step"
+    if peer:
+        headline += f": {peer / ours[0]:.2f}x faster than torch-optimizer's Lamb ({peer:.0f} ms)"
+    headline += f", {ours[0] / floor_ms:.2f}x the memory-bandwidth floor ({floor_ms:.0f} ms)"
+    fig, (ax,) = benchplot.figure(1, width=6.5)
+    names = list(medians)
+    benchplot.draw_bars(
+        ax,
+        f"LAMB step, BERT-{args.model} ({numel / 1e6:.0f}M parameters), {device.type}",
+        "ms per step (median of rounds)",
+        names,
+        {"ms/step": [medians[n] for n in names]},
+    )
+    ax.axhline(floor_ms, color="black", linestyle="--", linewidth=1, label="bandwidth floor")
+    ax.legend(frameon=False, fontsize=8)
+    record = benchplot.Record(
+        name="lamb",
+        title="LAMB implementations against torch-optimizer and the memory-bandwidth floor",
+        headline=headline,
+        tables=[
+            benchplot.Table(
+                f"{args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads, "
+                f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, floor {BYTES_PER_PARAM} B/param "
+                f"= {floor_ms:.0f} ms",
+                [
+                    "implementation",
+                    "ms/step (median)",
+                    "min",
+                    "vs torch-optimizer",
+                    "x floor",
+                    f"x {APEX_BYTES_PER_PARAM} B",
+                ],
+                rows,
+            )
+        ],
+        measurements={
+            "ms_per_step": times,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "floor_ms": floor_ms,
+            "parameters": numel,
+            "threads": torch.get_num_threads(),
+            "device": str(device),
+            "model": args.model,
+            "floor_bytes_per_param": BYTES_PER_PARAM,
+        },
+    )
+    benchplot.save(record, fig, args.results_dir)
 
 
 if __name__ == "__main__":
