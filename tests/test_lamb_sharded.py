@@ -109,3 +109,29 @@ def test_fsdp1_wrapping_on_one_gpu_hands_lamb_its_group_and_matches_plain_lamb(t
         dist.destroy_process_group()
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+SMOKE = ("experiment=smoke", "phase.max_steps=2", "val_every_n_steps=2")
+
+
+@pytest.mark.parametrize("optimizer", ["lamb", "lamb_mlperf"])
+def test_the_task_hands_fsdp1s_group_to_lamb_or_refuses_micro_batch_clipping(
+    tmp_path, monkeypatch, optimizer
+):
+    """The task's wiring, built by the app's own functions; only FSDP1's detection (which
+    needs FSDP1 modules, hence a GPU) is replaced by a stand-in group."""
+    from omnibert.apps.compose import compose
+    from omnibert.errors import UserError
+    from omnibert.optim import sharding
+    from omnibert.run.training import build, prepare
+
+    group = object()
+    monkeypatch.setattr(sharding, "fsdp_shard_group", lambda module: group)
+    overrides = [*SMOKE, f"paths.output_root={tmp_path}", f"optimizer={optimizer}"]
+    built = build(prepare(compose("pretrain", overrides)))
+    if optimizer == "lamb_mlperf":  # clips each micro-batch: not implemented on shards
+        with pytest.raises(UserError, match=r"^clip_grad_per_micro_batch .*strategy=fsdp .*=null"):
+            built.task.configure_optimizers()
+        return
+    opt = built.task.configure_optimizers()["optimizer"]
+    assert opt.shard_group is group
