@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omnibert.errors import UserError
 
-__all__ = ["PathError", "check_writable_dir"]
+__all__ = ["PathError", "check_writable_dir", "check_writable_file"]
 
 
 class PathError(UserError):
@@ -58,4 +58,19 @@ def check_writable_dir(path: str | Path, key: str) -> Path:
             "you can write to."
         ) from err
     probe.rmdir()
+    return target
+
+
+def check_writable_file(path: str | Path, key: str) -> Path:
+    """``path`` as given, once it is known to name a file this process can write (not a
+    directory; its folder exists or can be created, and takes new entries); raises
+    :class:`PathError` naming ``key`` otherwise, leaving nothing behind."""
+    target = Path(path)
+    if target.is_dir():
+        raise PathError(f"{key}={path} is a directory; name a file in it instead.")
+    parent = Path(os.path.abspath(target)).parent
+    try:
+        check_writable_dir(parent, key)
+    except PathError as err:
+        raise PathError(str(err).replace(f"{key}={parent}", f"{key}={path}", 1)) from None
     return target

@@ -16,6 +16,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from omnibert.apps.app_schemas import check_finetune
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
@@ -31,6 +32,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Fine-tune as configured; returns the summary (also written to the run directory)."""
     from omnibert.run.finetuning import check_inputs
 
+    check_finetune(cfg)
     check_inputs(cfg)  # config and data files, before torch and Lightning are imported
     from omnibert.run.finetuning import run as run_finetuning
 
@@ -63,7 +65,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS)
+    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS, (check_finetune,))
     _hydra_main()
 
 

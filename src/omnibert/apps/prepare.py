@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from omnibert.apps.app_schemas import check_prepare
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
@@ -31,6 +32,7 @@ log = logging.getLogger("omnibert.apps.prepare")
 
 
 def run(cfg: DictConfig) -> None:
+    check_prepare(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if cfg.pack.enabled:
         _check_pack(cfg)
@@ -154,7 +156,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    preflight("omnibert-prepare", "prepare", ("output_dir",))
+    preflight("omnibert-prepare", "prepare", ("output_dir",), (check_prepare,))
     _hydra_main()
 
 

@@ -25,7 +25,7 @@ from omnibert.threads import set_wait_policy_env
 register()
 
 #: the directories a run writes, checked before Hydra creates its run directory in them
-OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir")
+OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir", "paths.log_dir")
 
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:

@@ -33,12 +33,14 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     from omnibert.accelerators import build_plugin
     from omnibert.compat import seed_everything
     from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.run.target_types import check_target_types
     from omnibert.run.training import quiet_third_party_deprecations
     from omnibert.tasks.pretraining import PretrainingTask
 
     quiet_third_party_deprecations()
 
     c = resolve_config(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>")
+    check_target_types(c)
     size = c["eval_micro_batch_size"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise TrainConfigError(f"eval_micro_batch_size={size!r} must be a positive integer.")

@@ -161,8 +161,10 @@ def prepare(cfg: DictConfig) -> Prepared:
     from omnibert.accelerators import build_plugin
     from omnibert.convert.checkpoints import load_pretrained
     from omnibert.finetune.tokenizer import build_tokenizer
+    from omnibert.run.target_types import check_target_types
 
     c, recipe = inputs.c, inputs.recipe
+    check_target_types(c)
     plugin = build_plugin(cfg.accelerator)
     plugin.check_precision(str(c["trainer"].get("precision")))
     if plugin.name == "ipu":

@@ -125,9 +125,11 @@ def prepare(cfg: DictConfig) -> Prepared:
     quiet_third_party_deprecations()
     from omnibert.run.profiling import check_profile
     from omnibert.run.slurm import check_slurm_layout
+    from omnibert.run.target_types import check_target_types
 
     c = resolve(cfg)
-    for name in ("output_root", "checkpoint_dir"):  # before any data is read
+    check_target_types(c)  # trainer.max_epochs=abc: named before anything is built
+    for name in ("output_root", "checkpoint_dir", "log_dir"):  # before any data is read
         if c["paths"].get(name) is not None:
             check_writable_dir(c["paths"][name], f"paths.{name}")
     plugin, environment = _plugin(cfg)
