@@ -16,7 +16,7 @@ from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
-from omnibert.paths import check_writable_file
+from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 
 register()
 
@@ -59,7 +59,8 @@ def run_or_exit(cfg: DictConfig, output_dir: Path | None) -> dict[str, Any]:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    with exit_on("omnibert-eval"), hydra_output_discarded_when_refused():
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
 def main() -> None:

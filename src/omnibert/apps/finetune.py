@@ -21,6 +21,7 @@ from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
+from omnibert.paths import hydra_output_discarded_when_refused
 
 register()
 
@@ -58,7 +59,8 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
 def _hydra_main(cfg: DictConfig) -> float | None:
     """One run; returns the main metric (SQuAD F1, MRPC accuracy) for a sweeper."""
-    summary = run_or_exit(cfg)
+    with exit_on("omnibert-finetune"), hydra_output_discarded_when_refused():
+        summary = run(cfg)
     metrics = summary.get("metrics") or {}
     value = metrics.get("accuracy", metrics.get("f1"))
     return None if value is None else float(value)

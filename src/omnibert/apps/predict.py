@@ -19,7 +19,7 @@ from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
-from omnibert.paths import check_writable_file
+from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 
 register()
 
@@ -97,7 +97,8 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="predict")
 def _hydra_main(cfg: DictConfig) -> None:
-    run_or_exit(cfg)
+    with exit_on("omnibert-predict"), hydra_output_discarded_when_refused():
+        run(cfg)
 
 
 def main() -> None:

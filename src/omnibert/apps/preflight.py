@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from omnibert.errors import UserError, exit_on
-from omnibert.paths import check_writable_dir, check_writable_file
+from omnibert.paths import check_writable_dir, check_writable_file, note_hydra_dir
 
 __all__ = [
     "ConfigKeyError",
@@ -93,6 +93,8 @@ def check_command_line(
         value = _select(cfg, key)
         if isinstance(value, str) and value and value != "???":
             check_writable_dir(value, key)
+            if key == hydra_dir:
+                note_hydra_dir(value)
     for key in output_files:
         value = _select(cfg, key)
         if isinstance(value, str) and value and value != "???":
