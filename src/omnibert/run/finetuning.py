@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -248,13 +249,15 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     import torch
     from torch.utils.data import DataLoader
 
+    from omnibert.callbacks.progress import line_progress
     from omnibert.compat import seed_everything
     from omnibert.run.checks import instantiate_node
+    from omnibert.run.training import quiet_third_party_deprecations
 
     c, inputs = prepared.inputs.c, prepared.inputs
+    quiet_third_party_deprecations()
     seed_everything(c["seed"], workers=True)
     task, new = build_task(prepared, run_dir)
-    log.info("fresh parameters (not in the checkpoint): %s", ", ".join(new))
     print(f"omnibert-finetune: initialised from {prepared.loaded.description}", flush=True)
     print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(new)}", flush=True)
     loader: DataLoader[Any] = DataLoader(
@@ -275,6 +278,15 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
         max_steps=prepared.total_steps,
         max_epochs=inputs.recipe["epochs"],
         accumulate_grad_batches=inputs.accumulate,
+        # at most the micro-batches of an epoch: Lightning warns about a longer interval
+        log_every_n_steps=max(
+            1, min(int(c["trainer"].get("log_every_n_steps") or 50), len(loader))
+        ),
+        callbacks=line_progress(
+            "omnibert-finetune",
+            bool(c["trainer"].get("enable_progress_bar", True)),
+            sys.stdout.isatty(),
+        ),
         logger=loggers or False,
         enable_checkpointing=False,
         limit_val_batches=0,

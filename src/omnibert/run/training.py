@@ -109,7 +109,11 @@ def quiet_third_party_deprecations() -> None:
     calling torch's deprecated APIs, not from omnibert (matched by message and by the
     module the warning is attributed to, nothing else): torchdata's ``StatefulDataLoader``
     calls ``torch.set_vital`` (torchdata 0.11), Lightning's ``_pytree`` builds a
-    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10)."""
+    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10). And each Lightning log line once
+    (:func:`omnibert.logs.single_lightning_output`)."""
+    from omnibert.logs import single_lightning_output
+
+    single_lightning_output()
     warnings.filterwarnings(
         "ignore", message=r"'set_vital' is deprecated", category=UserWarning,
         module=r"torchdata\.stateful_dataloader",
