@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_ARGS ?=
 PYTEST_ARGS ?= -n 2
 
-.PHONY: install demo test lint typecheck format bench-prepare clean
+.PHONY: install demo test lint typecheck format bench-prepare clean wheelhouse install-offline
 
 install: $(VENV)/.omnibert-installed
 
@@ -37,6 +37,25 @@ format: install
 
 bench-prepare: install
 	$(PY) scripts/bench_prepare.py
+
+# Offline installs (README "Installing without internet"): the wheels a target environment
+# lacks, for its Python and platform, checked against its `pip list --format=freeze` (BASE).
+PYTHON ?= python3
+WHEELHOUSE ?= wheelhouse
+PYVER ?=
+PLATFORM ?= local
+BASE ?=
+EXTRAS ?=
+TARGET ?=
+
+wheelhouse:
+	$(PYTHON) scripts/wheelhouse.py build --dest $(WHEELHOUSE) --platform $(PLATFORM) \
+		$(if $(PYVER),--python-version $(PYVER)) $(if $(BASE),--base $(BASE)) \
+		$(if $(EXTRAS),--extras $(EXTRAS))
+
+# into PYTHON's environment, or with TARGET=dir into a directory for PYTHONPATH; no index
+install-offline:
+	$(PYTHON) scripts/wheelhouse.py install --wheelhouse $(WHEELHOUSE) $(if $(TARGET),--target $(TARGET))
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache
