@@ -159,8 +159,13 @@ class PredictConfig:
 
 @dataclass
 class FinetuneDataNode:
-    train_file: Optional[str] = None  # noqa: UP045
-    eval_file: Optional[str] = None  # noqa: UP045
+    # a Hub name or a local directory, or files (a path, or a mapping of split -> path)
+    dataset: Any = None
+    train_file: Any = None
+    eval_file: Any = None
+    test_file: Any = None
+    predict_test: bool = False
+    cache_dir: Optional[str] = None  # noqa: UP045
     num_workers: int = 0
 
 
@@ -182,9 +187,12 @@ class FinetuneConfig:
     schedule: Any = None
     trainer: Any = MISSING
     logger: Any = None
+    callbacks: Any = None
+    phase: Any = None
     run_name: str = MISSING
     seed: int = 42
     micro_batch_size: Optional[int] = None  # noqa: UP045
+    ckpt_path: Optional[str] = None  # noqa: UP045
     data: FinetuneDataNode = field(default_factory=FinetuneDataNode)
     model: FinetuneModelNode = field(default_factory=FinetuneModelNode)
 

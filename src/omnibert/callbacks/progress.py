@@ -50,10 +50,10 @@ class ProgressLog(ProgressBar):
         every_n_steps: a line every this many optimiser steps ...
         every_seconds: ... or when this many seconds passed since the last line.
         sequences_per_step: sequences in one optimiser step (the plan's global batch) for
-            the seq/s column; set by ``omnibert-train``.
+            the seq/s column; set by the app (``omnibert-train``, ``omnibert-finetune``).
         first_seconds: the first line inside a step (or an evaluation) comes after at most
             this many seconds; later ones every ``every_seconds``.
-        prefix: the app that prints (``omnibert-train``).
+        app: the name the lines start with.
     """
 
     def __init__(
@@ -62,14 +62,14 @@ class ProgressLog(ProgressBar):
         every_seconds: float = 30.0,
         sequences_per_step: float | None = None,
         first_seconds: float = 10.0,
-        prefix: str = "omnibert-train",
+        app: str = "omnibert-train",
     ) -> None:
         super().__init__()
+        self.app = app
         self.every_n_steps = max(1, int(every_n_steps))
         self.every_seconds = float(every_seconds)
         self.first_seconds = float(first_seconds)
         self.sequences_per_step = sequences_per_step
-        self.prefix = prefix
         self._enabled = True
         self._start: tuple[float, int] | None = None
         self._last: tuple[float, int] = (0.0, 0)
@@ -84,7 +84,7 @@ class ProgressLog(ProgressBar):
 
     def _print(self, trainer: pl.Trainer, text: str) -> None:
         if self._enabled and trainer.is_global_zero:
-            print(f"{self.prefix}: {text}", file=sys.stdout, flush=True)
+            print(f"{self.app}: {text}", file=sys.stdout, flush=True)
 
     def _due(self, now: float) -> bool:
         wait = self.first_seconds if self._lines == 0 else self.every_seconds
@@ -193,8 +193,8 @@ def select_progress(
     return [cb for cb in callbacks if cb not in drop]
 
 
-def line_progress(prefix: str, enabled: bool, is_tty: bool) -> list[Any]:
+def line_progress(app: str, enabled: bool, is_tty: bool) -> list[Any]:
     """The callbacks an app that builds its own Trainer (``omnibert-finetune``,
     ``omnibert-eval``) adds: a :class:`ProgressLog` when its progress bar is on and stdout
     is not a terminal (Lightning's bar otherwise)."""
-    return [ProgressLog(prefix=prefix)] if enabled and not is_tty else []
+    return [ProgressLog(app=app)] if enabled and not is_tty else []
