@@ -255,3 +255,62 @@ def test_cuda_bf16_pretraining_equals_the_math_reference(
         with torch.autocast("cuda", dtype=torch.bfloat16):
             results.append(loss_and_grads(model, batch))
     assert_same_pretraining(results[1], results[0], BF16)
+
+
+# ----------------------------------------------------------------------- through the app
+SMOKE = ("experiment=smoke", "phase.max_steps=2", "val_every_n_steps=2")
+
+
+def test_train_app_runs_varlen_and_its_plan_names_the_backend(tmp_path, capsys) -> None:
+    from omnibert.apps.compose import compose
+    from omnibert.apps.train import run_or_exit
+
+    overrides = [*SMOKE, f"paths.output_root={tmp_path}", "model.config.attention=varlen"]
+    summary = run_or_exit(compose("pretrain", overrides), tmp_path / "out")
+    assert summary["steps"] == 2 and summary["plan"]["attention"] == "varlen"
+    assert 0.0 <= summary["validation"]["val/mlm_acc"] <= 1.0
+    printed = capsys.readouterr().out
+    assert any(line.split()[:2] == ["attention", "varlen"] for line in printed.splitlines())
+
+
+def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
+    tmp_path, capsys
+) -> None:
+    from omnibert.apps.compose import compose
+    from omnibert.apps.train import run_or_exit
+    from omnibert.run.training import prepare
+
+    auto = prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}"]))
+    train, evaluate = (
+        resolve_attention("auto", "cpu", True, 32),
+        resolve_attention("auto", "cpu", False, 32),
+    )
+    assert auto.plan.attention.startswith(
+        f"auto: {train} in training, {evaluate} in evaluation (cpu"
+    )
+    with pytest.raises(SystemExit) as info:
+        run_or_exit(
+            compose(
+                "pretrain", [*SMOKE, f"paths.output_root={tmp_path}", "model.config.attention=flex"]
+            ),
+            tmp_path / "out",
+        )
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.config.attention=flex" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_resumes_and_initialises_under_another_backend(tmp_path) -> None:
+    """attention is how the model computes, not what: resume and init_from ignore it."""
+    from omnibert.run.checks import architecture_diffs, check_resume_target
+
+    written = TINY.replace(attention="varlen").to_dict()
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"hyper_parameters": {"model_config": written}}, ckpt)
+    check_resume_target(str(ckpt), TINY.replace(attention="sdpa").to_dict())
+    assert architecture_diffs(written, TINY.to_dict()) == []
+    from omnibert.run.plan import TrainConfigError
+
+    with pytest.raises(TrainConfigError, match="hidden_size"):
+        check_resume_target(str(ckpt), TINY.replace(hidden_size=64, attention="sdpa").to_dict())

@@ -41,6 +41,7 @@ __all__ = [
     "block_diagonal_mask",
     "check_backend",
     "explicit_attention",
+    "plan_attention",
     "resolve_attention",
 ]
 
@@ -57,7 +58,12 @@ AUTO_CHOICES: dict[tuple[str, bool], tuple[tuple[int, str], ...]] = {
 
 def resolve_attention(backend: str, device_type: str, dropout: bool, seq_length: int) -> str:
     """The backend that runs: ``backend`` itself, or ``auto``'s choice (:data:`AUTO_CHOICES`)
-    for this device type, attention dropout (on or off) and sequence length."""
+    for this device type, attention dropout (on or off) and sequence length (on the meta
+    device, ``varlen`` counts as ``math``)."""
+    if backend == "varlen" and device_type == "meta":
+        # the memory estimate's meta forward (omnibert.run.compile_only) has no data to unpad:
+        # it counts the padded math path, an upper bound of what varlen keeps
+        return "math"
     if backend != "auto":
         return backend
     for bound, choice in AUTO_CHOICES.get((device_type, dropout), ((1 << 30, "sdpa"),)):
@@ -83,6 +89,20 @@ def check_backend(backend: str, device_type: str, dropout: bool, *, backward: bo
             f"model.config.attention=varlen needs data-dependent shapes, which {device_type} "
             "graphs do not have; use auto, sdpa or math there."
         )
+
+
+def plan_attention(backend: str, device_type: str, dropout_prob: float, seq_length: int) -> str:
+    """What a training run will use, for its plan (checked first: :func:`check_backend`)."""
+    dropout = dropout_prob > 0.0
+    check_backend(backend, device_type, dropout, backward=True)
+    if backend != "auto":
+        return backend
+    train = resolve_attention(backend, device_type, dropout, seq_length)
+    evaluate = resolve_attention(backend, device_type, False, seq_length)
+    return (
+        f"auto: {train} in training, {evaluate} in evaluation ({device_type}, seq {seq_length}, "
+        f"attention dropout {dropout_prob:g}; measured table omnibert.models.attention.AUTO_CHOICES)"
+    )
 
 
 def block_diagonal_mask(sequence_ids: Tensor, query_ids: Tensor | None = None) -> Tensor:
