@@ -5,7 +5,8 @@ existed; ``--peer sdpa`` for the other one), same data, model, steps and seed.
 Each round runs one ``omnibert-train`` process per backend, alternating which goes first, on
 generated rows: at seq 128 like Google's generator (90 % full rows), at seq 512 with the
 Wikipedia sequence-length histogram (about 50 % padding). The rate is the training callback's
-steady-state step time (from its first logging point on, so start-up is excluded). Prints
+steady-state step time (from its first logging point on, so start-up is excluded), and the
+process's CPU seconds (start-up included; steadier than wall time on a shared machine). Prints
 each round, the medians and the median of the per-round ratios peer/varlen (> 1: varlen is
 faster). The run directories go to a temporary folder.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -66,13 +68,18 @@ def train(
     if histogram is not None:
         overrides.append(f"data.length_histogram={histogram}")
     command = [sys.executable, "-m", "omnibert.apps.train", *overrides]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"omnibert-train failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
     summaries = sorted(root.glob(f"{name}/**/summary.json"))
     if not summaries:
         sys.exit(f"no summary.json for {name} under {root}:\n{done.stdout[-2000:]}")
     speed: dict[str, float] = json.loads(summaries[0].read_text())["throughput"]
+    # the whole process's CPU seconds (start-up included): steadier than wall time when
+    # other work shares the cores
+    speed["cpu_seconds"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return speed
 
 
@@ -101,7 +108,7 @@ def main() -> None:
                 sys.exit("seq > 128 needs --histogram (the Wikipedia sequence-length histogram)")
             histogram = args.histogram.resolve() if seq > 128 else None
             times: dict[str, list[float]] = {args.peer: [], "varlen": []}
-            ratios = []
+            ratios, cpu_ratios = [], []
             for round_ in range(args.rounds):
                 order = [args.peer, "varlen"][:: 1 if round_ % 2 == 0 else -1]
                 root = Path(tmp) / f"seq{seq}-round{round_}"
@@ -110,16 +117,24 @@ def main() -> None:
                 for backend, speed in speeds.items():
                     times[backend].append(speed["step_time"])
                 ratios.append(speeds[args.peer]["step_time"] / speeds["varlen"]["step_time"])
+                cpu_ratios.append(
+                    speeds[args.peer]["cpu_seconds"] / speeds["varlen"]["cpu_seconds"]
+                )
                 padding = speeds["varlen"]["padding_fraction"]
                 print(
                     f"  seq {seq} round {round_}: "
-                    + ", ".join(f"{b} {speeds[b]['step_time']:.2f} s/step" for b in order)
-                    + f", ratio {ratios[-1]:.3f} (padding {padding:.2f})"
+                    + ", ".join(
+                        f"{b} {speeds[b]['step_time']:.2f} s/step ({speeds[b]['cpu_seconds']:.1f} "
+                        "CPU s per process)"
+                        for b in order
+                    )
+                    + f", ratio {ratios[-1]:.3f}, CPU {cpu_ratios[-1]:.3f} (padding {padding:.2f})"
                 )
             print(
                 f"seq {seq}: median {args.peer} {statistics.median(times[args.peer]):.2f} s/step, "
                 f"varlen {statistics.median(times['varlen']):.2f} s/step; {args.peer}/varlen "
-                f"{statistics.median(ratios):.3f} (median of per-round ratios)"
+                f"{statistics.median(ratios):.3f} (median of per-round ratios; process CPU seconds "
+                f"{statistics.median(cpu_ratios):.3f})"
             )
 
 

@@ -234,6 +234,29 @@ def test_varlen_dropout_trains_and_is_off_in_eval() -> None:
     )
 
 
+def test_varlen_compiles_with_one_recompile_then_none_as_t_changes() -> None:
+    """Under torch.compile the unpadding and the CPU buckets run eagerly between graphs and T is
+    dynamic: the second batch adds graphs (automatic dynamic shapes), later batches with other
+    token counts none; the compiled losses equal the eager ones."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = model_of("varlen").train()
+    compiled = torch.compile(model, backend="eager")
+    graphs, tokens = [], []
+    for packed, padding_rows in [(False, False), (True, True), (False, True), (True, False)]:
+        batch = batch_of(packed, padding_rows)
+        out = compiled(batch)
+        out["loss"].backward()
+        torch.testing.assert_close(out["loss"], model(batch)["loss"], **FP32)
+        graphs.append(counters["stats"]["unique_graphs"])
+        tokens.append(int((batch["sequence_ids"] > 0).sum()))
+    assert len(set(tokens)) == 4  # every batch has another T
+    assert graphs[1] == graphs[2] == graphs[3], graphs
+    torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------------------ CUDA
 BF16 = {"rtol": 2e-2, "atol": 2e-2}
 

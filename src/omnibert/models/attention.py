@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from omnibert.compat import compiler_disable
 from omnibert.models.config import ATTENTION_BACKENDS, BertConfigError
 
 __all__ = [
@@ -254,6 +255,25 @@ class _Segments:
     buckets: list[_Bucket]
 
 
+@compiler_disable  # a loop over data-dependent buckets: eager, between compiled graphs
+def _bucketed_attention(
+    q: Tensor, k: Tensor, v: Tensor, buckets: list[_Bucket], kernel: str, dropout_p: float
+) -> Tensor:
+    """``[Q,heads,D]`` queries over ``[T,heads,D]`` keys, each bucket's segments re-padded to
+    its width (the appended zero row is the padding slot) and attended with ``kernel``."""
+    q_pad, k_pad, v_pad = (torch.cat((x, x.new_zeros(1, *x.shape[1:]))) for x in (q, k, v))
+    attend = masked_kernel(kernel)
+    parts, targets = [], []
+    for b in buckets:
+        # [n,L,heads,D] -> [n,heads,L,D]
+        qb = q_pad[b.queries].transpose(1, 2)
+        kb, vb = k_pad[b.keys].transpose(1, 2), v_pad[b.keys].transpose(1, 2)
+        context = attend(qb, kb, vb, b.key_mask, dropout_p).transpose(1, 2)
+        parts.append(context.reshape(-1, *q.shape[1:])[b.valid])
+        targets.append(b.targets)
+    return torch.empty_like(q).index_copy(0, torch.cat(targets), torch.cat(parts))
+
+
 class VarlenAttention:
     """Attention of a query stream over a key stream ``[1,heads,T,D]``, each query seeing
     only the keys of its segment."""
@@ -281,20 +301,7 @@ class VarlenAttention:
             assert isinstance(out, Tensor)
             return out.transpose(0, 1).unsqueeze(0)
         # elsewhere (CPU, fp32, attention dropout): re-padded per length bucket
-        q_pad = torch.cat((q, q.new_zeros(1, *q.shape[1:])))
-        k_pad = torch.cat((k, k.new_zeros(1, *k.shape[1:])))
-        v_pad = torch.cat((v, v.new_zeros(1, *v.shape[1:])))
-        kernel = masked_kernel(self.kernel)
-        parts, targets = [], []
-        for b in seg.buckets:
-            # [n,L,heads,D] -> [n,heads,L,D]
-            qb = q_pad[b.queries].transpose(1, 2)
-            kb, vb = k_pad[b.keys].transpose(1, 2), v_pad[b.keys].transpose(1, 2)
-            context = kernel(qb, kb, vb, b.key_mask, dropout_p).transpose(1, 2)
-            parts.append(context.reshape(-1, *q.shape[1:])[b.valid])
-            targets.append(b.targets)
-        order = torch.cat(targets)
-        out = torch.empty_like(q).index_copy(0, order, torch.cat(parts))
+        out = _bucketed_attention(q, k, v, seg.buckets, self.kernel, dropout_p)
         return out.transpose(0, 1).unsqueeze(0)
 
 
@@ -318,6 +325,7 @@ class Unpadded:
     last: VarlenAttention | None = None
 
     @classmethod
+    @compiler_disable  # host-side indexing: one graph break, eager
     @torch.no_grad()
     def build(
         cls,
@@ -335,6 +343,11 @@ class Unpadded:
         keys = (flat // seq) * (int(ids.max()) + 1) + ids  # (row, sequence id) in one number
         real = flat if keep_padding else flat[ids != 0]
         tokens = real[torch.argsort(keys[real], stable=True)]
+        # T changes from batch to batch: compiled graphs take it as a dynamic size at once
+        # (no recompile per T) where this torch can say so
+        mark = getattr(getattr(torch, "_dynamo", None), "maybe_mark_dynamic", None)
+        if mark is not None:
+            mark(tokens, 0)
         _, lengths_t = torch.unique_consecutive(keys[tokens], return_counts=True)
         lengths = lengths_t.tolist()
         starts = [0]
@@ -358,6 +371,9 @@ class Unpadded:
         slots = (stream >= 0).nonzero().squeeze(1)
         slots = slots[torch.argsort(segment_of[stream[slots]], stable=True)]
         queries = stream[slots]
+        if mark is not None:
+            mark(queries, 0)
+            mark(slots, 0)
         q_lengths = torch.bincount(segment_of[queries], minlength=len(lengths)).tolist()
         q_starts = [0]
         for n in q_lengths[:-1]:
