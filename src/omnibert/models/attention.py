@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -152,8 +153,20 @@ def _flex_attention(
     block_mask = create_block_mask(
         same_sequence, batch, None, rows, key.shape[2], device=query.device.type
     )
-    out: Tensor = flex_attention(query, key, value, block_mask=block_mask)
+    # fused kernels need torch.compile (eager flex materialises the scores); on the CPU,
+    # where flex serves inference only, eager is enough
+    attend = _compiled_flex(flex_attention) if query.is_cuda else flex_attention
+    out: Tensor = attend(query, key, value, block_mask=block_mask)
     return out
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _compiled_flex(flex_attention: Any) -> Any:
+    if "flex" not in _COMPILED:
+        _COMPILED["flex"] = torch.compile(flex_attention)
+    return _COMPILED["flex"]
 
 
 @dataclass
