@@ -206,6 +206,22 @@ def test_varlen_segments_follow_sequence_ids_in_any_order() -> None:
     assert len(with_padding.tokens) == 12
 
 
+def test_varlen_on_a_batch_of_padding_rows_only_is_the_reference() -> None:
+    """No real token at all (eval padding): varlen computes the padding as the reference."""
+    batch = batch_of(packed=False, padding_rows=False)
+    for key in ("sequence_ids", "masked_lm_weights", "nsp_weights"):
+        batch[key] = torch.zeros_like(batch[key])
+    with torch.no_grad():
+        ours, reference = model_of("varlen")(batch), model_of("math")(batch)
+    assert ours["loss"] == reference["loss"] == 0
+    positions = torch.cat((batch["masked_lm_positions"], batch["nsp_positions"]), dim=1)
+    torch.testing.assert_close(
+        encoder_outputs("varlen", batch, positions),
+        encoder_outputs("math", batch, positions),
+        **FP32,
+    )
+
+
 def test_auto_follows_the_measured_table_and_check_backend_names_the_key() -> None:
     for (device, dropout), bounds in AUTO_CHOICES.items():
         for bound, choice in bounds:

@@ -277,6 +277,8 @@ def _bucketed_attention(
 ) -> Tensor:
     """``[Q,heads,D]`` queries over ``[T,heads,D]`` keys, each bucket's segments re-padded to
     its width (the appended zero row is the padding slot) and attended with ``kernel``."""
+    if not buckets:  # no query row is a real token
+        return q * 0.0
     q_pad, k_pad, v_pad = (torch.cat((x, x.new_zeros(1, *x.shape[1:]))) for x in (q, k, v))
     attend = masked_kernel(kernel)
     parts, targets = [], []
@@ -358,6 +360,8 @@ class Unpadded:
         flat = torch.arange(batch * seq, device=device)
         keys = (flat // seq) * (int(ids.max()) + 1) + ids  # (row, sequence id) in one number
         real = flat if keep_padding else flat[ids != 0]
+        if len(real) == 0:  # a batch of padding rows only: computed as the reference does
+            real = flat
         tokens = real[torch.argsort(keys[real], stable=True)]
         # T changes from batch to batch: compiled graphs take it as a dynamic size at once
         # (no recompile per T) where this torch can say so
