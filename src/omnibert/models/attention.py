@@ -48,11 +48,13 @@ __all__ = [
 ]
 
 #: ``auto``'s choice per (device type, attention dropout active): the backend for sequence
-#: lengths up to each bound. CPU: measured with scripts/bench_attention.py (README, "Attention
-#: backends and unpadding"): at seq 128 rows are ~90-97 % real tokens and unpadding does not
-#: pay, at seq 512 (Wikipedia lengths, ~50 % padding) varlen is faster. CUDA: not measured
-#: yet (no GPU was available), so the dense mask path (SDPA) stays until bench numbers say
-#: otherwise. Device types not listed (hpu, ipu: static graphs, no host syncs) use ``sdpa``.
+#: lengths up to each bound. CPU: measured with scripts/bench_attention.py (numbers on the
+#: docs page pretraining/attention.md): at seq 128 rows are ~90-97 % real tokens and unpadding
+#: does not pay (0.99x); at seq 512 (Wikipedia lengths, ~50 % padding) varlen is 2.5x faster
+#: (measured with attention dropout; without it the same rows are skipped, not measured
+#: apart). CUDA: not measured yet (no GPU was available), so the dense mask path (SDPA) stays
+#: until bench numbers say otherwise. Device types not listed (hpu, ipu: static graphs, no
+#: host syncs) use ``sdpa``.
 AUTO_CHOICES: dict[tuple[str, bool], tuple[tuple[int, str], ...]] = {
     ("cpu", False): ((128, "sdpa"), (1 << 30, "varlen")),
     ("cpu", True): ((128, "math"), (1 << 30, "varlen")),
