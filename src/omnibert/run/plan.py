@@ -135,6 +135,8 @@ class TrainPlan:
     micro_batch_choice: str = ""
     #: the host threads and OpenMP wait policy the accelerator set, and why (omnibert.threads)
     threads: str = ""
+    #: the attention backend (model.config.attention; auto: its choice for this device)
+    attention: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -180,6 +182,7 @@ class TrainPlan:
             ("vocab size", f"{self.vocab_size}"),
             *([("CPU threads", self.threads)] if self.threads else []),
             ("precision", self.precision),
+            *([("attention", self.attention)] if self.attention else []),
             ("clipping", self.clipping),
             ("init from", self._init_description()),
             ("resume from", self.ckpt_path or "fresh run"),

@@ -153,13 +153,30 @@ def prepare(cfg: DictConfig) -> Prepared:
     batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
     plan = dataclasses.replace(
-        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
+        plan_run(c, datamodule, batch),
+        micro_batch_choice=choice.reason,
+        threads=threads,
+        attention=_plan_attention(c, plugin.name),
     )
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
         check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
     profile = check_profile(c)
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
+
+
+def _plan_attention(c: dict[str, Any], accelerator: str) -> str:
+    """The attention backend the run uses on this accelerator (model.config.attention: auto
+    resolved), refused before compute where it cannot train (e.g. flex on the CPU)."""
+    from omnibert.models.attention import plan_attention
+
+    model = c["model"]["config"]
+    return plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
+        str(model.get("attention", "auto")),
+        {"gpu": "cuda"}.get(accelerator, accelerator),
+        float(model["attention_probs_dropout_prob"]),
+        int(c["phase"]["max_seq_length"]),
+    )
 
 
 def _batch_and_data(
