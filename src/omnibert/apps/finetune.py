@@ -42,7 +42,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f" training loss {summary['train_loss_first']:.4f} -> "
             f"{summary['train_loss_last']:.4f}\n  {summary['task']} on "
             f"{summary['eval_examples']} eval examples: {metrics or '(no eval_file)'}\n"
-            f"  summary       {summary['run_dir']}/summary.json",
+            f"  summary       {summary['run_dir']}/summary.json\n"
+            f"  curves        {summary['curves'] or 'none (no csv logger)'}",
             flush=True,
         )
     return summary

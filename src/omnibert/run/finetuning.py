@@ -371,7 +371,10 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Prepare, fit, evaluate; ``summary.json`` in the run directory; returns the summary."""
+    """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
+    returns the summary."""
+    from omnibert.reporting import write_curves
+
     prepared = prepare(cfg)
     c = prepared.inputs.c
     run_dir = Path(c["paths"]["run_dir"])
@@ -401,5 +404,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         **facts,
         "run_dir": str(run_dir),
     }
+    curves = write_curves(  # the loss curve (and the final metrics) next to summary.json
+        trainer.loggers,
+        run_dir,
+        f"omnibert-finetune {c['run_name']}: {facts['steps']} steps",
+        final={k: float(v) for k, v in metric_values.items() if isinstance(v, int | float)},
+    )
+    summary["curves"] = str(curves) if curves else None
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
