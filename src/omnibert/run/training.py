@@ -227,7 +227,15 @@ def _batch_and_data(
     datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.eval_micro_batch_size = batch.eval_micro_batch_size
     if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
-        batch = packed_batch_plan(batch, datamodule.sequences_per_row, batch.micro_batch_size)
+        # a micro batch the user set is kept; one chosen here for unpacked rows (at most the
+        # per-device batch) is only an upper bound: the step holds global / sequences-per-row
+        # rows, not micro × devices rows of up to K sequences each
+        batch = packed_batch_plan(
+            batch,
+            datamodule.sequences_per_row,
+            requested,
+            max_micro_batch_size=None if requested is not None else batch.micro_batch_size,
+        )
         datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.check()
     return batch, datamodule, choice
