@@ -80,10 +80,14 @@ def _state(path: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- training
 
 
+@pytest.mark.parametrize("attention", ["auto", "varlen"])
 @pytest.mark.parametrize("packing", ["none", "online"])
-def test_training_bf16_compiled_by_default_without_recompiles(tmp_path, packing, fresh_dynamo):
+def test_training_bf16_compiled_by_default_without_recompiles(
+    tmp_path, packing, attention, fresh_dynamo
+):
     summary = _train_in_process(
         tmp_path,
+        f"model.config.attention={attention}",
         f"data.packing={packing}",
         "data.pack.buffer_size=64",
         "+callbacks.dynamo={_target_:dynamo_counts.DynamoCounts}",
