@@ -189,7 +189,9 @@ def test_every_option_composes_and_runs_a_step(files, tmp_path, capsys, monkeypa
         return
     # fast_dev_run: Lightning's dry run of 2 micro-batches = 1 step of 2, no checkpoint
     assert summary["steps"] == (1 if option == "fast_dev_run" else 2)
-    if option != "fast_dev_run":
+    if (group, option) == ("callbacks", "finetune"):  # fine-tuning's: final.ckpt, no last.ckpt
+        assert [p.name for p in tmp_path.rglob("*.ckpt")] == ["final.ckpt"]
+    elif option != "fast_dev_run":
         assert Path(summary["last_checkpoint"]).is_file()
     if option not in ("tfrecord", "hdf5", "fast_dev_run"):  # those run without an eval set
         assert summary["validation"]["val/mlm_count"] > 0
