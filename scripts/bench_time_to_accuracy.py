@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import benchplot
 import torch
 import transformers
 
@@ -104,7 +105,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--precision", choices=("32", "fp32", "bf16", "auto"), default="32")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--json", default="outputs/bench/time_to_accuracy.json", help="results file")
+    benchplot.add_arguments(p)
     p.add_argument(
         "--smoke",
         action="store_true",
@@ -315,6 +316,69 @@ def summarise(size: str, recipe_: Size, runs: dict[str, list[dict[str, Any]]]) -
     return out
 
 
+def median_round(side: dict[str, Any]) -> dict[str, Any]:
+    """The round whose time is the median (the first round when one missed)."""
+    rounds = side["rounds"]
+    if side["median_seconds"] is None:
+        return rounds[0]
+    ordered = sorted(rounds, key=lambda r: r["seconds"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def save_record(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """``time_to_accuracy.json`` and ``.svg`` in ``--results-dir`` (benchplot's record)."""
+    rows = []
+    for size in report["sizes"]:
+        o, h = size["omnibert"], size["huggingface"]
+
+        def cell(side: dict[str, Any]) -> str:
+            if side["median_seconds"] is None:
+                return f"reached in {side['reached']}/{len(side['rounds'])} rounds"
+            return (
+                f"{side['median_seconds']:.1f} s, {side['median_samples']:,.0f} seq, "
+                f"{side['median_steps']:.0f} steps"
+            )
+
+        ratio = "—" if size["ratio"] is None else f"{size['ratio']:.2f}x"
+        rows.append(
+            [f"bert-{size['size']}", str(size["recipe"]["target"]), cell(o), cell(h), ratio]
+        )
+    fig = None
+    if report["sizes"]:
+        fig, axes = benchplot.figure(len(report["sizes"]))
+        for ax, size in zip(axes, report["sizes"], strict=True):
+            series = {}
+            for side, label in (("omnibert", "omnibert"), ("huggingface", "Hugging Face")):
+                curve = median_round(size[side])["curve"]
+                series[label] = ([p[0] for p in curve], [p[3] for p in curve])
+            benchplot.draw_curves(
+                ax, f"bert-{size['size']}", "seconds", "held-out MLM accuracy", series,
+                target=size["recipe"]["target"],
+            )  # fmt: skip
+    ratios = [f"bert-{s['size']} {s['ratio']:.2f}x" for s in report["sizes"] if s["ratio"]]
+    record = benchplot.Record(
+        name="time_to_accuracy",
+        title="Time to a held-out masked-LM accuracy: omnibert-train against Hugging Face "
+        "BertForPreTraining",
+        headline=(
+            "omnibert faster to the target (median over rounds): " + ", ".join(ratios)
+            if ratios
+            else "no size reached its target on both sides in every round"
+        ),
+        command=report["command"],
+        tables=[
+            benchplot.Table(
+                f"{report['batch']} {report['batch_unit']} a step, {report['precision']}, "
+                f"{report['machine']['threads']} threads",
+                ["model", "target", "omnibert (median)", "Hugging Face (median)", "ratio"],
+                rows,
+            )
+        ],
+        measurements=report,
+    )
+    benchplot.save(record, fig, args.results_dir)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -376,10 +440,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else:
                 print(f"  bert-{name}: no ratio: omnibert reached the target in {o['reached']} "
                       f"of {args.rounds} rounds, Hugging Face in {h['reached']}", flush=True)  # fmt: skip
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"results: {path}")
+    save_record(args, report)
     return report
 
 

@@ -34,15 +34,16 @@ def demo_like(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -
 
 
 def test_smoke_runs_both_sides_at_equal_sequences_per_step(demo_like, tmp_path):
-    out = tmp_path / "tta.json"
+    out = tmp_path / "results" / "time_to_accuracy.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_time_to_accuracy.py"), "--smoke",
-         "--data", str(demo_like), "--json", str(out), "--batch", "16", "--threads", "1"],
+         "--data", str(demo_like), "--results-dir", str(out.parent), "--batch", "16", "--threads", "1"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "batch: 16 sequences a step on both sides" in proc.stdout
-    report = json.loads(out.read_text())
+    report = json.loads(out.read_text())["measurements"]
+    assert (out.parent / "time_to_accuracy.svg").read_text().startswith("<?xml")
     assert report["batch_unit"] == "sequences" and report["batch"] == 16
     (size,) = report["sizes"]
     assert size["size"] == "tiny"
