@@ -88,7 +88,7 @@ def test_every_init_from_loads_the_encoder_and_a_fresh_head(kind, tiny_hf, mrpc_
         assert torch.equal(state[f"model.bert.{name}"], tensor), name
     head = state["model.classifier.weight"]
     assert head.abs().max() > 0 and 0.005 < head.std() < 0.05  # N(0, 0.02²)
-    assert (Path(summary["run_dir"]) / "MRPC.tsv").is_file()
+    assert (Path(summary["run_dir"]) / "eval" / "validation.tsv").is_file()
 
 
 def test_bad_inputs_are_one_sentence_naming_the_file_or_key(tmp_path, tiny_hf):
@@ -97,10 +97,9 @@ def test_bad_inputs_are_one_sentence_naming_the_file_or_key(tmp_path, tiny_hf):
     no_data.write_text(json.dumps({"version": "1.1", "articles": []}))
     base = [f"model.init_from={tiny_hf}", f"paths.output_root={tmp_path / 'runs'}"]
     cases = {
-        "data.train_file is not set": ["task=squad"],
         f"data.train_file={tsv} is not JSON": ["task=squad", f"data.train_file={tsv}"],
         'has no top-level "data" list': ["task=squad", f"data.train_file={no_data}"],
-        "does not start with GLUE's MRPC header": ["task=mrpc", f"data.train_file={no_data}"],
+        "is not task=mrpc's GLUE TSV": ["task=mrpc", f"data.train_file={no_data}"],
         "data.eval_file=missing.tsv does not exist": [
             "task=mrpc", f"data.train_file={tsv}", "data.eval_file=missing.tsv"],
     }  # fmt: skip
@@ -138,10 +137,17 @@ def test_a_seed_sweep_gives_a_run_per_seed_and_the_spread(tmp_path, tiny_hf, mrp
     out = subprocess.run(
         [str(script), "-m", "task=mrpc", f"data.train_file={train}", f"data.eval_file={dev}",
          f"model.init_from={tiny_hf}", "task.lr=5e-4", "seed=1,2,3", f"hydra.sweep.dir={sweep}",
-         *FAST],
+         *FAST, "trainer.enable_progress_bar=true"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
+    # each message once per job, no avoidable warning, progress as lines (stdout is a pipe)
+    both = out.stdout + out.stderr
+    assert out.stdout.count("new (freshly initialised) keys: classifier.weight") == 3
+    assert "fresh parameters" not in both and "GPU available" in both
+    assert both.count("GPU available") == 3
+    assert "LeafSpec" not in both and "log_every_n_steps" not in both
+    assert "\r" not in both and out.stdout.count("omnibert-finetune: step 2/2 (100%)") == 3
     summaries = sorted(sweep.glob("*/summary.json"))
     assert len(summaries) == 3
     seeds = sorted(json.loads(p.read_text())["seed"] for p in summaries)

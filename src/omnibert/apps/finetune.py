@@ -1,12 +1,13 @@
-"""``omnibert-finetune``: SQuAD v1.1 / GLUE MRPC fine-tuning, configured by
-``conf/finetune.yaml`` (the task's recipe in ``conf/task/<name>.yaml``).
+"""``omnibert-finetune``: SQuAD v1.1 and GLUE fine-tuning, configured by
+``conf/finetune.yaml`` (the task's recipe, data and metrics in ``conf/task/<name>.yaml``).
 
 Wiring only (the steps live in :mod:`omnibert.run.finetuning`, which tests call too): check
 the command line, the config and the data files before any heavy import (one sentence and
-exit code 2 on a problem) → load the checkpoint's encoder, fit, predict the eval file → print
-and write ``summary.json`` (+ ``predictions.json`` or ``MRPC.tsv``) in the run directory.
+exit code 2 on a problem) → load the checkpoint's encoder, fit, predict the eval splits →
+print and write ``summary.json`` (+ ``eval/``, ``submission/``) in the run directory.
 A ``-m`` sweep (``seed=1,2,3``) ends with Hydra's ``SweepReport``: each metric's median,
-mean, standard deviation, min and max over the jobs.
+mean, standard deviation, min and max over the jobs; a sweep over GLUE tasks
+(``experiment=glue``) adds the GLUE table (``glue_report.{md,json}``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from omnibert.apps.app_schemas import check_finetune
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
+from omnibert.paths import hydra_output_discarded_when_refused
 
 register()
 
@@ -31,6 +34,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Fine-tune as configured; returns the summary (also written to the run directory)."""
     from omnibert.run.finetuning import check_inputs
 
+    check_finetune(cfg)
     check_inputs(cfg)  # config and data files, before torch and Lightning are imported
     from omnibert.run.finetuning import run as run_finetuning
 
@@ -42,7 +46,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f" training loss {summary['train_loss_first']:.4f} -> "
             f"{summary['train_loss_last']:.4f}\n  {summary['task']} on "
             f"{summary['eval_examples']} eval examples: {metrics or '(no eval_file)'}\n"
-            f"  summary       {summary['run_dir']}/summary.json",
+            f"  summary       {summary['run_dir']}/summary.json\n"
+            f"  curves        {summary['curves'] or 'none (no csv logger)'}",
             flush=True,
         )
     return summary
@@ -55,15 +60,18 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    """One run; returns the main metric (SQuAD F1, MRPC accuracy) for a sweeper."""
-    summary = run_or_exit(cfg)
+    """One run; returns its first metric (the task's ``task.data.metrics[0]``; for MNLI on
+    the matched set) for a sweeper."""
+    with exit_on("omnibert-finetune"), hydra_output_discarded_when_refused():
+        summary = run(cfg)
     metrics = summary.get("metrics") or {}
-    value = metrics.get("accuracy", metrics.get("f1"))
+    names = summary.get("metric_names") or []
+    value = next((v for k, v in metrics.items() if names and k.startswith(names[0])), None)
     return None if value is None else float(value)
 
 
 def main() -> None:
-    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS)
+    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS, (check_finetune,))
     _hydra_main()
 
 

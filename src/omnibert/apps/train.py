@@ -20,12 +20,13 @@ from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import check_paths, preflight
 from omnibert.apps.schema import register, validate
 from omnibert.errors import exit_on
+from omnibert.paths import hydra_output_discarded_when_refused
 from omnibert.threads import set_wait_policy_env
 
 register()
 
 #: the directories a run writes, checked before Hydra creates its run directory in them
-OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir")
+OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir", "paths.log_dir")
 
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
@@ -70,6 +71,13 @@ def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]
     if built.initialised_from:
         print(f"omnibert-train: initialised from {built.initialised_from}", flush=True)
     summary = fit(built)
+    if output_dir is not None and built.trainer.is_global_zero:
+        # the run's loss/accuracy/LR curves from the CSV logger, next to summary.json
+        from omnibert.reporting import write_curves
+
+        title = f"omnibert-train {summary['run_name']}: {summary['steps']} steps"
+        curves = write_curves(built.trainer.loggers, output_dir, title)
+        summary["curves"] = str(curves) if curves else None
     _print_summary(summary, output_dir)
     if output_dir is not None:
         _write_json(output_dir / "summary.json", summary)
@@ -112,6 +120,8 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
     lines.append(f"  checkpoints   {summary['checkpoint_dir']}")
     if output_dir is not None:
         lines.append(f"  summary       {output_dir / 'summary.json'}")
+    if "curves" in summary:
+        lines.append(f"  curves        {summary['curves'] or 'none (no csv logger)'}")
     print("\n".join(lines), flush=True)
 
 
@@ -127,7 +137,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     Optuna, ``hydra/sweeper=optuna_mlm``, maximises), None without an eval set."""
     from hydra.core.hydra_config import HydraConfig
 
-    summary = run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    with exit_on("omnibert-train"), hydra_output_discarded_when_refused():
+        summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
     return final_mlm_accuracy(summary)
 
 

@@ -1,5 +1,4 @@
-"""SQuAD v1.1 and v2.0: reading the official JSON, windows of features, and answers from
-logits.
+"""SQuAD v1.1: reading the official JSON, windows of features, and answers from logits.
 
 **Features** (Google's ``run_squad.py`` parameters: ``max_seq_length`` 384, ``doc_stride``
 128, ``max_query_length`` 64). The question's word pieces are cut to ``max_query_length``;
@@ -20,13 +19,6 @@ about where answers are not.
 the context, end not before start, at most ``max_answer_length`` tokens, start at a token's
 max-context window; the score is start + end logit over all windows of a question; the text
 is cut from the original context by the offsets (no detokenisation).
-
-**SQuAD v2.0** (``version_2=True``): questions without an answer (``is_impossible``) are kept
-in training with every window labelled ``(0, 0)``; the null score of a question is the
-smallest ``start[CLS] + end[CLS]`` over its windows (Google's and Hugging Face's choice); the
-question is answered with ``""`` when ``null score - best span score`` is above
-``null_score_diff_threshold`` (0.0 by default), and that difference is the question's
-no-answer score for ``evaluate-v2.0``'s best thresholds (Google's ``null_odds.json``).
 """
 
 from __future__ import annotations
@@ -41,15 +33,16 @@ from typing import Any
 
 import numpy as np
 
+from omnibert.finetune.spec import Features, TaskData
 from omnibert.finetune.tokenizer import FineTuneInputError
 
 __all__ = [
     "Prediction",
+    "SquadData",
     "SquadExample",
     "SquadFeatures",
     "best_answers",
     "check_squad_file",
-    "no_answer_scores",
     "read_squad",
     "squad_features",
 ]
@@ -68,8 +61,8 @@ class SquadExample:
 
 
 def check_squad_file(path: str | Path, key: str) -> list[dict[str, Any]]:
-    """The ``data`` list of a SQuAD v1.1 / v2.0 JSON file; one sentence naming ``key`` and
-    the fix when it is missing, not JSON or not SQuAD-shaped."""
+    """The ``data`` list of a SQuAD v1.1 JSON file; one sentence naming ``key`` and the fix
+    when it is missing, not JSON or not SQuAD-shaped."""
     path = Path(path)
     if not path.is_file():
         raise FineTuneInputError(
@@ -102,17 +95,12 @@ def check_squad_file(path: str | Path, key: str) -> list[dict[str, Any]]:
     return data
 
 
-def read_squad(
-    path: str | Path, key: str, training: bool, version_2: bool = False
-) -> list[SquadExample]:
-    """The questions of a SQuAD v1.1 (or, with ``version_2``, v2.0) file. In training every
-    answerable question's first answer must have an ``answer_start`` that points at its text
-    in the context (one that does not is skipped with a warning, as Google's reader does);
-    v1.1 training needs an answer for every question, v2.0 keeps the unanswerable ones
-    (``is_impossible``, no answers) as examples without answers."""
+def read_squad(path: str | Path, key: str, training: bool) -> list[SquadExample]:
+    """The questions of a SQuAD v1.1 file. In training every question needs an answer whose
+    ``answer_start`` points at its text in the context (one that does not is skipped with a
+    warning, as Google's reader does)."""
     examples = []
     skipped = 0
-    task = "squad_v2" if version_2 else "squad"
     for article in check_squad_file(path, key):
         for paragraph in article["paragraphs"]:
             context = paragraph["context"]
@@ -121,22 +109,15 @@ def read_squad(
                     raise FineTuneInputError(
                         f'{key}={path}: a "qas" entry lacks "id" or "question"; fix the file.'
                     )
-                impossible = bool(qa.get("is_impossible"))
-                if impossible and not version_2:
-                    raise FineTuneInputError(
-                        f"{key}={path}: question {qa['id']} is marked is_impossible (a SQuAD "
-                        f"v2.0 file); use task=squad_v2 for it (task={task} reads v1.1)."
-                    )
                 answers = tuple(
-                    (str(a["text"]), int(a["answer_start"]))
-                    for a in ([] if impossible else qa.get("answers") or [])
+                    (str(a["text"]), int(a["answer_start"])) for a in qa.get("answers", [])
                 )
-                if training and not answers and not version_2:
-                    raise FineTuneInputError(
-                        f"{key}={path}: question {qa['id']} has no answer; task=squad training "
-                        "needs one per question (for unanswerable ones use task=squad_v2)."
-                    )
-                if training and answers:
+                if training:
+                    if not answers:
+                        raise FineTuneInputError(
+                            f"{key}={path}: question {qa['id']} has no answer; training needs "
+                            "one per question (SQuAD v1.1, not v2.0's unanswerable ones)."
+                        )
                     text, start = answers[0]
                     if context[start : start + len(text)] != text:
                         skipped += 1
@@ -296,15 +277,12 @@ def squad_features(
 @dataclass(frozen=True)
 class Prediction:
     """The best answer of a question: its text, start + end logit, and its probability among
-    the n-best candidates (softmax of their scores; with SQuAD v2.0 the null answer is one of
-    them). ``null_score_diff`` (v2.0 only): the null score minus the best span's score, the
-    question's no-answer score; ``text`` is ``""`` when it is above the threshold."""
+    the n-best candidates (softmax of their scores)."""
 
     text: str
     score: float
     probability: float
     char_span: tuple[int, int] | None
-    null_score_diff: float | None = None
 
 
 def best_answers(
@@ -314,8 +292,6 @@ def best_answers(
     end_logits: np.ndarray,
     n_best: int = 20,
     max_answer_length: int = 30,
-    version_2: bool = False,
-    null_score_diff_threshold: float = 0.0,
 ) -> dict[str, Prediction]:
     """Question id -> :class:`Prediction` from the windows' logits (module docstring)."""
     by_example: dict[int, list[int]] = {}
@@ -324,9 +300,7 @@ def best_answers(
     out: dict[str, Prediction] = {}
     for index, example in enumerate(examples):
         candidates: list[tuple[float, int, int]] = []  # (score, char start, char end)
-        null_score = math.inf
         for row in by_example.get(index, []):
-            null_score = min(null_score, float(start_logits[row, 0]) + float(end_logits[row, 0]))
             offsets, best = features.offsets[row], features.max_context[row]
             starts = np.argsort(-start_logits[row], kind="stable")[:n_best]
             ends = np.argsort(-end_logits[row], kind="stable")[:n_best]
@@ -340,81 +314,150 @@ def best_answers(
                         continue
                     score = float(start_logits[row, s]) + float(end_logits[row, e])
                     candidates.append((score, first[0], last[1]))
-        if version_2:
-            out[example.qid] = _pick_v2(
-                example.context, candidates, n_best, null_score, null_score_diff_threshold
-            )
-        else:
-            out[example.qid] = _pick(example.context, candidates, n_best)
+        out[example.qid] = _pick(example.context, candidates, n_best)
     return out
-
-
-def _n_best(
-    context: str, candidates: list[tuple[float, int, int]], n_best: int
-) -> dict[str, tuple[float, int, int]]:
-    """Distinct texts, best score first (Google's n-best)."""
-    candidates.sort(key=lambda c: -c[0])
-    seen: dict[str, tuple[float, int, int]] = {}
-    for score, start, end in candidates:
-        seen.setdefault(context[start:end], (score, start, end))
-        if len(seen) == n_best:
-            break
-    return seen
-
-
-def _softmax_first(scores: list[float]) -> list[float]:
-    top = max(scores)
-    weights = [math.exp(s - top) for s in scores]
-    total = sum(weights)
-    return [w / total for w in weights]
 
 
 def _pick(context: str, candidates: list[tuple[float, int, int]], n_best: int) -> Prediction:
     if not candidates:
         return Prediction("", 0.0, 0.0, None)
-    seen = _n_best(context, candidates, n_best)
-    probabilities = _softmax_first([s for s, _, _ in seen.values()])
+    candidates.sort(key=lambda c: -c[0])
+    seen: dict[str, tuple[float, int, int]] = {}
+    for score, start, end in candidates:  # distinct texts, best score first (Google's n-best)
+        seen.setdefault(context[start:end], (score, start, end))
+        if len(seen) == n_best:
+            break
+    scores = [s for s, _, _ in seen.values()]
+    top = max(scores)
+    total = sum(math.exp(s - top) for s in scores)
     text, (score, start, end) = next(iter(seen.items()))
-    return Prediction(text, score, probabilities[0], (start, end))
-
-
-def _pick_v2(
-    context: str,
-    candidates: list[tuple[float, int, int]],
-    n_best: int,
-    null_score: float,
-    threshold: float,
-) -> Prediction:
-    """The best span, or ``""`` when the null score beats it by more than ``threshold``."""
-    seen = _n_best(context, candidates, n_best)
-    seen.pop("", None)  # an empty span text is the null answer, scored by null_score
-    if not seen:  # no span (or no window) at all: the null answer, whatever the threshold
-        null = null_score if math.isfinite(null_score) else 0.0
-        return Prediction("", null, 1.0, None, math.inf)
-    texts = list(seen)
-    probabilities = _softmax_first([s for s, _, _ in seen.values()] + [null_score])
-    score, start, end = seen[texts[0]]
-    diff = null_score - score
-    if diff > threshold:
-        return Prediction("", null_score, probabilities[-1], None, diff)
-    return Prediction(texts[0], score, probabilities[0], (start, end), diff)
+    return Prediction(text, score, 1.0 / total, (start, end))
 
 
 def write_predictions(path: Path, predictions: Mapping[str, Prediction]) -> None:
-    """The official predictions file: ``{question id: answer text}``; with SQuAD v2.0
-    predictions also ``null_odds.json`` beside it (question id -> null score minus the best
-    span's, evaluate-v2.0's ``--na-prob-file``; a question without a span: 1e9)."""
+    """The official predictions file: ``{question id: answer text}``."""
     path.write_text(json.dumps({k: p.text for k, p in predictions.items()}, indent=1) + "\n")
-    odds = no_answer_scores(predictions)
-    if odds:
-        (path.parent / "null_odds.json").write_text(json.dumps(odds, indent=1) + "\n")
 
 
-def no_answer_scores(predictions: Mapping[str, Prediction]) -> dict[str, float]:
-    """Question id -> the null-score difference of v2.0 predictions (finite: +-1e9 for a
-    question without a span / without windows); empty for v1.1 predictions."""
-    return {
-        k: max(-1e9, min(1e9, p.null_score_diff))
-        for k, p in predictions.items()
-        if p.null_score_diff is not None
-    }
+def squad_json_columns(data: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The official JSON's ``data`` list as the Hub's columns (``rajpurkar/squad``): ``id``,
+    ``title``, ``context``, ``question``, ``answers`` ``{text: [...], answer_start: [...]}``."""
+    out: dict[str, list[Any]] = {k: [] for k in ("id", "title", "context", "question", "answers")}
+    for article in data:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                out["id"].append(str(qa.get("id")))
+                out["title"].append(str(article.get("title", "")))
+                out["context"].append(paragraph["context"])
+                out["question"].append(qa.get("question"))
+                answers = qa.get("answers", [])
+                out["answers"].append({
+                    "text": [str(a["text"]) for a in answers],
+                    "answer_start": [int(a["answer_start"]) for a in answers],
+                })  # fmt: skip
+    return out
+
+
+def examples_from_rows(
+    dataset: Any, where: str, training: bool, unanswerable: bool = False
+) -> list[SquadExample]:
+    """The questions of a dataset in the Hub's columns. In training every question needs an
+    answer whose ``answer_start`` points at its text (one that does not is skipped with a
+    warning, as Google's reader does); ``unanswerable`` allows questions without one."""
+    examples, skipped = [], 0
+    for row in dataset:
+        answers = tuple(
+            (str(t), int(s))
+            for t, s in zip(row["answers"]["text"], row["answers"]["answer_start"], strict=True)
+        )
+        if training and answers:
+            text, start = answers[0]
+            if row["context"][start : start + len(text)] != text:
+                skipped += 1
+                continue
+        elif training and not unanswerable:
+            raise FineTuneInputError(
+                f"{where}: question {row['id']} has no answer; training needs one per question "
+                "(SQuAD v1.1, not v2.0's unanswerable ones)."
+            )
+        examples.append(SquadExample(str(row["id"]), row["question"], row["context"], answers))
+    if skipped:
+        log.warning("%s: skipped %d question(s) whose answer_start misses the text", where, skipped)
+    if not examples:
+        raise FineTuneInputError(f"{where} holds no questions; pass a non-empty SQuAD file.")
+    return examples
+
+
+class SquadData(TaskData):
+    """SQuAD v1.1 through ``datasets`` (``rajpurkar/squad`` or the official JSON): windows,
+    the n-best span per question, the official EM/F1 and ``predictions.json``."""
+
+    COLUMNS = ("id", "context", "question", "answers")
+
+    def __init__(self, task: str = "squad", hub: str = "rajpurkar/squad", **kwargs: Any) -> None:
+        kwargs.setdefault("benchmark", "squad")
+        kwargs.setdefault("metrics", ["exact_match", "f1"])
+        super().__init__(task, hub, **kwargs)
+
+    def read_file(self, path: Path, key: str) -> Any:
+        import datasets
+
+        columns = squad_json_columns(check_squad_file(path, key))
+        if not columns["id"]:
+            raise FineTuneInputError(f"{key}={path} holds no questions; pass a non-empty file.")
+        return datasets.Dataset.from_dict(columns)
+
+    def check(self, dataset: Any, where: str, labelled: bool) -> None:
+        missing = [c for c in self.COLUMNS if c not in dataset.column_names]
+        if missing:
+            raise FineTuneInputError(
+                f"{where} has the columns ({', '.join(dataset.column_names)}), not SQuAD's "
+                f"({', '.join(self.COLUMNS)}, as {self.hub}); task={self.task} reads SQuAD "
+                "data (a GLUE dataset needs its GLUE task)."
+            )
+        if len(dataset) == 0:
+            raise FineTuneInputError(f"{where} holds no questions; pass a non-empty split.")
+
+    def has_labels(self, dataset: Any) -> bool:
+        return all(len(a["text"]) > 0 for a in dataset["answers"])
+
+    def examples(self, dataset: Any, where: str, training: bool) -> list[SquadExample]:
+        return examples_from_rows(dataset, where, training)
+
+    def features(
+        self, dataset: Any, tokenizer: Any, recipe: Mapping[str, Any], training: bool
+    ) -> Features:
+        examples = self.examples(dataset, "the data", training)
+        feats = squad_features(
+            examples, tokenizer, recipe["max_seq_length"], recipe["doc_stride"],
+            recipe["max_query_length"], training=training,
+        )  # fmt: skip
+        return Features(feats.tensors(training), (examples, feats))
+
+    def predict(
+        self, dataset: Any, features: Features, outputs: Any, recipe: Mapping[str, Any]
+    ) -> list[Any]:
+        examples, feats = features.extra
+        start, end = outputs
+        best = best_answers(
+            examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"]
+        )
+        return [best[e.qid] for e in examples]
+
+    def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
+        from omnibert.finetune.squad_metric import squad_scores
+
+        data = [{"paragraphs": [{"qas": [
+            {"id": str(i), "answers": [{"text": t} for t in a["text"]]}
+            for i, a in zip(dataset["id"], dataset["answers"], strict=True)
+        ]}]}]  # fmt: skip
+        ids = [str(i) for i in dataset["id"]]
+        result = squad_scores(data, {i: p.text for i, p in zip(ids, predictions, strict=True)})
+        return {"exact_match": result["exact_match"], "f1": result["f1"]}
+
+    def write(self, directory: Path, name: str, dataset: Any, predictions: Sequence[Any]) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / ("predictions.json" if name == "validation" else f"{name}.json")
+        ids = [str(i) for i in dataset["id"]]
+        write_predictions(path, dict(zip(ids, predictions, strict=True)))
+        return path
