@@ -41,6 +41,7 @@ __all__ = [
     "SquadData",
     "SquadExample",
     "SquadFeatures",
+    "SquadV2Data",
     "best_answers",
     "check_squad_file",
     "read_squad",
@@ -277,12 +278,15 @@ def squad_features(
 @dataclass(frozen=True)
 class Prediction:
     """The best answer of a question: its text, start + end logit, and its probability among
-    the n-best candidates (softmax of their scores)."""
+    the n-best candidates (softmax of their scores; with SQuAD v2.0 the null answer is one of
+    them). ``null_score_diff`` (v2.0 only): the null score minus the best span's score, the
+    question's no-answer score; ``text`` is ``""`` when it is above the threshold."""
 
     text: str
     score: float
     probability: float
     char_span: tuple[int, int] | None
+    null_score_diff: float | None = None
 
 
 def best_answers(
@@ -292,15 +296,22 @@ def best_answers(
     end_logits: np.ndarray,
     n_best: int = 20,
     max_answer_length: int = 30,
+    version_2: bool = False,
+    null_score_diff_threshold: float = 0.0,
 ) -> dict[str, Prediction]:
-    """Question id -> :class:`Prediction` from the windows' logits (module docstring)."""
+    """Question id -> :class:`Prediction` from the windows' logits (module docstring). With
+    ``version_2`` (SQuAD v2.0) a question's null score is the smallest ``[CLS]`` start + end
+    logit over its windows (Google's run_squad.py), and the question is answered ``""`` when
+    the null score minus the best span's score is above ``null_score_diff_threshold``."""
     by_example: dict[int, list[int]] = {}
     for row, example in enumerate(features.example_index.tolist()):
         by_example.setdefault(example, []).append(row)
     out: dict[str, Prediction] = {}
     for index, example in enumerate(examples):
         candidates: list[tuple[float, int, int]] = []  # (score, char start, char end)
+        null_score = math.inf
         for row in by_example.get(index, []):
+            null_score = min(null_score, float(start_logits[row, 0]) + float(end_logits[row, 0]))
             offsets, best = features.offsets[row], features.max_context[row]
             starts = np.argsort(-start_logits[row], kind="stable")[:n_best]
             ends = np.argsort(-end_logits[row], kind="stable")[:n_best]
@@ -314,29 +325,84 @@ def best_answers(
                         continue
                     score = float(start_logits[row, s]) + float(end_logits[row, e])
                     candidates.append((score, first[0], last[1]))
-        out[example.qid] = _pick(example.context, candidates, n_best)
+        if version_2:
+            out[example.qid] = _pick_v2(
+                example.context, candidates, n_best, null_score, null_score_diff_threshold
+            )
+        else:
+            out[example.qid] = _pick(example.context, candidates, n_best)
     return out
+
+
+def _n_best(
+    context: str, candidates: list[tuple[float, int, int]], n_best: int
+) -> dict[str, tuple[float, int, int]]:
+    """Distinct texts, best score first (Google's n-best)."""
+    candidates.sort(key=lambda c: -c[0])
+    seen: dict[str, tuple[float, int, int]] = {}
+    for score, start, end in candidates:
+        seen.setdefault(context[start:end], (score, start, end))
+        if len(seen) == n_best:
+            break
+    return seen
+
+
+def _softmax(scores: list[float]) -> list[float]:
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def _pick(context: str, candidates: list[tuple[float, int, int]], n_best: int) -> Prediction:
     if not candidates:
         return Prediction("", 0.0, 0.0, None)
-    candidates.sort(key=lambda c: -c[0])
-    seen: dict[str, tuple[float, int, int]] = {}
-    for score, start, end in candidates:  # distinct texts, best score first (Google's n-best)
-        seen.setdefault(context[start:end], (score, start, end))
-        if len(seen) == n_best:
-            break
-    scores = [s for s, _, _ in seen.values()]
-    top = max(scores)
-    total = sum(math.exp(s - top) for s in scores)
+    seen = _n_best(context, candidates, n_best)
+    probabilities = _softmax([s for s, _, _ in seen.values()])
     text, (score, start, end) = next(iter(seen.items()))
-    return Prediction(text, score, 1.0 / total, (start, end))
+    return Prediction(text, score, probabilities[0], (start, end))
+
+
+def _pick_v2(
+    context: str,
+    candidates: list[tuple[float, int, int]],
+    n_best: int,
+    null_score: float,
+    threshold: float,
+) -> Prediction:
+    """The best span, or ``""`` when the null score beats it by more than ``threshold``."""
+    seen = _n_best(context, candidates, n_best)
+    seen.pop("", None)  # an empty span text is the null answer, scored by null_score
+    if not seen:  # no span (or no window) at all: the null answer, whatever the threshold
+        null = null_score if math.isfinite(null_score) else 0.0
+        return Prediction("", null, 1.0, None, math.inf)
+    texts = list(seen)
+    probabilities = _softmax([s for s, _, _ in seen.values()] + [null_score])
+    score, start, end = seen[texts[0]]
+    diff = null_score - score
+    if diff > threshold:
+        return Prediction("", null_score, probabilities[-1], None, diff)
+    return Prediction(texts[0], score, probabilities[0], (start, end), diff)
 
 
 def write_predictions(path: Path, predictions: Mapping[str, Prediction]) -> None:
-    """The official predictions file: ``{question id: answer text}``."""
+    """The official predictions file: ``{question id: answer text}``; with SQuAD v2.0
+    predictions also ``null_odds.json`` beside it (question id -> null score minus the best
+    span's, evaluate-v2.0's ``--na-prob-file``; a question without a span: 1e9)."""
     path.write_text(json.dumps({k: p.text for k, p in predictions.items()}, indent=1) + "\n")
+    odds = no_answer_scores(predictions)
+    if odds:
+        (path.parent / "null_odds.json").write_text(json.dumps(odds, indent=1) + "\n")
+
+
+def no_answer_scores(predictions: Mapping[str, Prediction]) -> dict[str, float]:
+    """Question id -> the null-score difference of v2.0 predictions (finite: clipped to
+    +-1e9, a question without a span is 1e9); empty for v1.1 predictions."""
+    return {
+        k: max(-1e9, min(1e9, p.null_score_diff))
+        for k, p in predictions.items()
+        if p.null_score_diff is not None
+    }
 
 
 def squad_json_columns(data: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
@@ -378,7 +444,7 @@ def examples_from_rows(
         elif training and not unanswerable:
             raise FineTuneInputError(
                 f"{where}: question {row['id']} has no answer; training needs one per question "
-                "(SQuAD v1.1, not v2.0's unanswerable ones)."
+                "(SQuAD v1.1); for v2.0's unanswerable questions use task=squad_v2."
             )
         examples.append(SquadExample(str(row["id"]), row["question"], row["context"], answers))
     if skipped:
@@ -461,3 +527,53 @@ class SquadData(TaskData):
         ids = [str(i) for i in dataset["id"]]
         write_predictions(path, dict(zip(ids, predictions, strict=True)))
         return path
+
+
+class SquadV2Data(SquadData):
+    """SQuAD v2.0 (``rajpurkar/squad_v2`` or the official v2.0 JSON): SQuAD v1.1's windows,
+    with unanswerable questions trained to point every window at ``[CLS]``; a question is
+    answered ``""`` when its null score beats its best span by more than
+    ``recipe['null_score_diff_threshold']``. Metrics: evaluate-v2.0's (``exact``, ``f1``,
+    ``HasAns_*``, ``NoAns_*``, ``best_*`` and their thresholds); ``predictions.json`` and
+    ``null_odds.json`` (evaluate-v2.0's ``--na-prob-file``)."""
+
+    def __init__(
+        self, task: str = "squad_v2", hub: str = "rajpurkar/squad_v2", **kwargs: Any
+    ) -> None:
+        kwargs.setdefault("metrics", ["exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1"])
+        super().__init__(task, hub, **kwargs)
+
+    def has_labels(self, dataset: Any) -> bool:
+        # v2.0: an unanswerable question carries no answer; a split is labelled when some
+        # question has one (a test file has none anywhere)
+        return any(len(a["text"]) > 0 for a in dataset["answers"])
+
+    def examples(self, dataset: Any, where: str, training: bool) -> list[SquadExample]:
+        return examples_from_rows(dataset, where, training, unanswerable=True)
+
+    def predict(
+        self, dataset: Any, features: Features, outputs: Any, recipe: Mapping[str, Any]
+    ) -> list[Any]:
+        examples, feats = features.extra
+        start, end = outputs
+        best = best_answers(
+            examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"],
+            version_2=True,
+            null_score_diff_threshold=float(recipe.get("null_score_diff_threshold", 0.0)),
+        )  # fmt: skip
+        return [best[e.qid] for e in examples]
+
+    def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
+        from omnibert.finetune.squad_v2_metric import squad_v2_scores
+
+        rows = [{"paragraphs": [{"qas": [
+            {"id": str(i), "answers": [{"text": t} for t in a["text"]]}
+            for i, a in zip(dataset["id"], dataset["answers"], strict=True)
+        ]}]}]  # fmt: skip
+        ids = [str(i) for i in dataset["id"]]
+        by_id = dict(zip(ids, predictions, strict=True))
+        result = squad_v2_scores(
+            rows, {i: p.text for i, p in by_id.items()}, no_answer_scores(by_id)
+        )
+        # the question counts (total, HasAns_total, NoAns_total) are not metrics
+        return {k: float(v) for k, v in result.items() if not k.endswith("total")}
