@@ -149,10 +149,14 @@ class PredictConfig:
     """The root of ``conf/predict.yaml``."""
 
     ckpt: str = MISSING
+    task_name: Optional[str] = None  # noqa: UP045
     question: Optional[str] = None  # noqa: UP045
     context: Optional[str] = None  # noqa: UP045
+    text: Optional[str] = None  # noqa: UP045
+    text_pair: Optional[str] = None  # noqa: UP045
     input_file: Optional[str] = None  # noqa: UP045
     out: Optional[str] = None  # noqa: UP045
+    batch_size: Optional[int] = None  # noqa: UP045
     precision: str = "32-true"
     accelerator: Any = MISSING
 

@@ -1,8 +1,10 @@
-"""``omnibert-predict``: answers from a fine-tuned SQuAD model (``conf/predict.yaml``).
+"""``omnibert-predict``: predictions of any fine-tuned run (``conf/predict.yaml``).
 
-Wiring only: load the run's checkpoint and vocab (:mod:`omnibert.run.inference`), build the
-windows, take the best span (:func:`omnibert.run.finetuning.predict_squad`), print it; with
-``input_file`` write the official predictions file and, when the file has answers, EM / F1.
+Wiring only: load the run's checkpoint, its task's data spec and vocab
+(:func:`omnibert.run.inference.load_finetuned`), read and check the inputs
+(:mod:`omnibert.run.predicting`), predict with the task's own features and post-processing
+(:func:`omnibert.run.finetuning.predict_outputs`), write JSON Lines (one record per input) to
+``out`` or print the one record; with a labelled file, print the task's metrics.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
@@ -24,69 +26,52 @@ from omnibert.paths import check_writable_file, hydra_output_discarded_when_refu
 register()
 
 
-def _check(cfg: DictConfig) -> None:
-    single = cfg.get("question") is not None or cfg.get("context") is not None
-    if cfg.get("input_file"):
-        if single:
-            raise FineTuneInputError(
-                "pass either question= and context= or input_file= (with out=), not both."
-            )
-        if not cfg.get("out"):
-            raise FineTuneInputError("input_file= needs out=<predictions.json>; set out.")
-        return
-    if not cfg.get("question") or not cfg.get("context"):
-        raise FineTuneInputError(
-            'pass question="..." and context="..." (or input_file=<SQuAD json> out=<file>).'
-        )
-
-
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Predict as configured; returns ``{"answer", "score", "probability"}`` for one question
-    or ``{"predictions", "out", ...metrics}`` for a file."""
-    _check(cfg)
+    """Predict as configured; returns the record for one input, or ``{"predictions", "out",
+    ...metrics}`` for a file."""
+    if cfg.get("input_file") and not cfg.get("out"):
+        raise FineTuneInputError("input_file= needs out=<predictions.jsonl>; set out.")
     if cfg.get("out"):
         check_writable_file(str(cfg.out), "out")
+    if cfg.get("batch_size") is not None and int(cfg.batch_size) < 1:
+        raise FineTuneInputError(f"batch_size={cfg.batch_size} must be a positive integer.")
     from omnibert.accelerators import build_plugin
-    from omnibert.finetune.squad import SquadExample, read_squad, write_predictions
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetuning import predict_squad
+    from omnibert.run.finetuning import task_data
     from omnibert.run.inference import load_finetuned
+    from omnibert.run.predicting import check_task, predict_records, read_inputs
 
-    examples = None
-    if cfg.get("input_file"):  # before the checkpoint: a bad file costs nothing
-        examples = read_squad(str(cfg.input_file), "input_file", training=False)
-    plugin = build_plugin(cfg.accelerator)
+    options: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     finetuned = load_finetuned(str(cfg.ckpt))
-    if "doc_stride" not in finetuned.recipe:
-        raise FineTuneInputError(
-            f"ckpt={cfg.ckpt} is a {finetuned.recipe.get('name')} model; omnibert-predict "
-            "answers questions with an omnibert-finetune task=squad model."
-        )
+    recipe = dict(finetuned.recipe)
+    data = task_data(recipe)
+    check_task(options, data, str(cfg.ckpt))
+    inputs = read_inputs(options, data)  # before any forward pass: a bad file costs nothing
+    if cfg.get("batch_size") is not None:
+        recipe["eval_batch_size"] = int(cfg.batch_size)
+    plugin = build_plugin(cfg.accelerator)
     task = finetuned.task.to(plugin.device)
     tokenizer = build_tokenizer(finetuned.vocab_file)
     autocast = plugin.autocast(str(cfg.precision))
-    if examples is None:
-        example = SquadExample("question", str(cfg.question), str(cfg.context))
-        best = predict_squad(task, [example], tokenizer, finetuned.recipe, autocast)["question"]
-        print(f"answer: {best.text}\nscore: {best.score:.4f} (probability {best.probability:.4f})")
-        return {"answer": best.text, "score": best.score, "probability": best.probability}
-    predictions = predict_squad(task, examples, tokenizer, finetuned.recipe, autocast)
+    records, predictions = predict_records(data, task, inputs, tokenizer, recipe, autocast)
+    if not inputs.from_file:
+        print(json.dumps(records[0], ensure_ascii=False))  # one JSON Lines record
+        return records[0]
     out = Path(str(cfg.out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_predictions(out, predictions)
-    result: dict[str, Any] = {"predictions": len(predictions), "out": str(out)}
-    if all(ex.answers for ex in examples):
-        from omnibert.finetune.squad_metric import squad_scores
-
-        data = json.loads(Path(str(cfg.input_file)).read_text(encoding="utf-8"))["data"]
-        scores = squad_scores(data, {k: p.text for k, p in predictions.items()})
-        result.update(exact_match=scores["exact_match"], f1=scores["f1"])
-    metrics = (
-        f"; exact_match {result['exact_match']:.2f}, f1 {result['f1']:.2f}"
-        if "f1" in result
-        else ""
+    with out.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    result: dict[str, Any] = {"predictions": len(records), "out": str(out)}
+    if inputs.labelled:
+        result.update(data.scores(inputs.dataset, predictions))
+    metrics = "; ".join(
+        f"{k} {v:.4f}" for k, v in result.items() if k not in ("predictions", "out")
     )
-    print(f"omnibert-predict: {len(predictions)} answers written to {out}{metrics}")
+    print(
+        f"omnibert-predict: {len(records)} task={data.task} records written to {out}"
+        + (f"; {metrics}" if metrics else "")
+    )
     return result
 
 

@@ -404,9 +404,17 @@ def predict_split(
     data: Any, task: Any, dataset: Any, tokenizer: Any, recipe: dict[str, Any], autocast: Any
 ) -> list[Any]:
     """One prediction per example of ``dataset`` (the task's own post-processing)."""
+    return predict_outputs(data, task, dataset, tokenizer, recipe, autocast)[0]
+
+
+def predict_outputs(
+    data: Any, task: Any, dataset: Any, tokenizer: Any, recipe: dict[str, Any], autocast: Any
+) -> tuple[list[Any], Any]:
+    """:func:`predict_split`'s predictions and the head's outputs they came from (per
+    feature: SQuAD's ``(start, end)`` logits, GLUE's ``[N, num_labels]``)."""
     feats = data.features(dataset, tokenizer, recipe, training=False)
     outputs = logits(task, feats.tensors, recipe["eval_batch_size"], autocast)
-    return list(data.predict(dataset, feats, outputs, recipe))
+    return list(data.predict(dataset, feats, outputs, recipe)), outputs
 
 
 def predict_squad(

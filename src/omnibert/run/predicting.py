@@ -1,0 +1,273 @@
+"""``omnibert-predict``'s steps for every fine-tuned task: turn the inputs into a dataset with
+the task's Hub columns, check that they and the checkpoint belong to the same task, run the
+task's own features and post-processing (its :class:`~omnibert.finetune.spec.TaskData`, from
+the checkpoint's recipe), one JSON record per input.
+
+Inputs by the checkpoint's task:
+
+* SQuAD v1.1 / v2.0: ``question=`` + ``context=``, or ``input_file=`` a SQuAD JSON file or
+  JSON Lines with ``question``, ``context`` (and ``id``); a record is ``{"id", "answer",
+  "probability", "score", "start"}`` (+ ``"null_score_diff"`` for v2.0, whose ``answer`` is
+  ``""`` when the null answer wins);
+* GLUE (one sentence: SST-2, CoLA; pairs: MRPC, QQP, STS-B, MNLI, ...): ``text=`` (+
+  ``text_pair=`` for a pair task), or ``input_file=`` the task's GLUE TSV, a TSV whose header
+  names the task's columns (or ``text``/``text_pair``), or JSON Lines with those keys; a record
+  is ``{"index", "label", "probability", "probabilities"}`` with the task's label names, or
+  ``{"index", "score"}`` for a regression task (STS-B).
+
+Every problem is one sentence naming the key or file and the fix, before the model runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnibert.finetune.tokenizer import FineTuneInputError
+
+__all__ = ["Inputs", "check_task", "predict_records", "read_inputs"]
+
+ALIASES = ("text", "text_pair")  # generic names for a task's one or two text columns
+
+
+@dataclass
+class Inputs:
+    """What to predict: ``dataset`` in the task's Hub columns; ``labelled``: metrics apply."""
+
+    dataset: Any
+    from_file: bool
+    labelled: bool
+
+
+def _is_squad(data: Any) -> bool:
+    from omnibert.finetune.squad import SquadData
+
+    return isinstance(data, SquadData)
+
+
+def check_task(cfg: Mapping[str, Any], data: Any, ckpt: str) -> None:
+    """A checkpoint of one task asked to predict another (``task_name=``, or inputs of
+    another kind): one sentence."""
+    name = data.task
+    wanted = cfg.get("task_name")
+    if wanted and wanted != name:
+        raise FineTuneInputError(
+            f"ckpt={ckpt} is a task={name} model and cannot predict task_name={wanted}; pass "
+            f"the run directory of an omnibert-finetune task={wanted} run (or drop task_name=)."
+        )
+    squad_keys = [k for k in ("question", "context") if cfg.get(k) is not None]
+    text_keys = [k for k in ALIASES if cfg.get(k) is not None]
+    if _is_squad(data) and text_keys:
+        raise FineTuneInputError(
+            f"ckpt={ckpt} is a task={name} model: it answers question= over context=, not "
+            f"{'/'.join(text_keys)}=; pass a run of a GLUE task for those."
+        )
+    if not _is_squad(data):
+        if squad_keys:
+            raise FineTuneInputError(
+                f"ckpt={ckpt} is a task={name} model: it classifies text=, not "
+                f"{'/'.join(squad_keys)}=; pass a SQuAD run (task=squad or squad_v2) for those."
+            )
+        if cfg.get("text_pair") is not None and len(data.text_columns) == 1:
+            raise FineTuneInputError(
+                f"ckpt={ckpt} is a task={name} model, which reads one sentence: drop "
+                "text_pair= (or pass a run of a sentence-pair task)."
+            )
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise FineTuneInputError(
+                    f"input_file={path} line {number} is not JSON ({err.msg}); JSON Lines hold "
+                    "one JSON object per line."
+                ) from err
+            if not isinstance(record, dict):
+                raise FineTuneInputError(
+                    f"input_file={path} line {number} is not a JSON object; write one per line."
+                )
+            records.append(record)
+    if not records:
+        raise FineTuneInputError(f"input_file={path} holds no records; pass a non-empty file.")
+    return records
+
+
+def _squad_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
+    import datasets
+
+    file = cfg.get("input_file")
+    if not file:
+        if not cfg.get("question") or not cfg.get("context"):
+            raise FineTuneInputError(
+                'pass question="..." and context="..." (or input_file=<SQuAD JSON or JSON Lines>).'
+            )
+        rows = [{"id": "question", "question": str(cfg["question"]),
+                 "context": str(cfg["context"])}]  # fmt: skip
+        from_file = False
+    else:
+        path = Path(str(file))
+        if not path.is_file():
+            raise FineTuneInputError(
+                f"input_file={path} does not exist; pass a SQuAD JSON or JSONL."
+            )
+        if path.suffix != ".jsonl":
+            dataset = data.read_file(path, "input_file")
+            return Inputs(dataset, True, data.has_labels(dataset))
+        rows = []
+        for number, record in enumerate(_jsonl(path), start=1):
+            if not isinstance(record.get("question"), str) or not isinstance(
+                record.get("context"), str
+            ):
+                raise FineTuneInputError(
+                    f'input_file={path} line {number} lacks a string "question" or "context"; '
+                    f'task={data.task} reads those keys (and "id").'
+                )
+            rows.append({"id": str(record.get("id", number)), "question": record["question"],
+                         "context": record["context"]})  # fmt: skip
+        from_file = True
+    columns: dict[str, list[Any]] = {k: [r[k] for r in rows] for k in ("id", "question", "context")}
+    columns["title"] = [""] * len(rows)
+    columns["answers"] = [{"text": [], "answer_start": []} for _ in rows]
+    return Inputs(datasets.Dataset.from_dict(columns), from_file, False)
+
+
+def _text_dataset(data: Any, texts: list[list[str]]) -> Any:
+    import datasets
+
+    columns: dict[str, list[Any]] = dict(zip(data.text_columns, texts, strict=True))
+    columns["idx"] = list(range(len(texts[0])))
+    return datasets.Dataset.from_dict(columns)
+
+
+def _named_columns(names: list[str], data: Any, path: Path) -> list[str]:
+    """The task's text columns as ``names`` has them (or their aliases text/text_pair)."""
+    wanted = data.text_columns
+    for candidate in (wanted, list(ALIASES[: len(wanted)])):
+        if all(c in names for c in candidate):
+            return list(candidate)
+    raise FineTuneInputError(
+        f"input_file={path} has the columns ({', '.join(names) or 'none'}); task={data.task} "
+        f"reads {' and '.join(wanted)} (or {' and '.join(ALIASES[: len(wanted)])}): name them so."
+    )
+
+
+def _glue_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
+    width = len(data.text_columns)
+    file = cfg.get("input_file")
+    if not file:
+        given = [cfg.get(k) for k in ALIASES[:width]]
+        if any(g is None for g in given):
+            need = ' text="..." text_pair="..."' if width == 2 else ' text="..."'
+            raise FineTuneInputError(
+                f"task={data.task} reads {'sentence pairs' if width == 2 else 'one sentence'}: "
+                f"pass{need} (or input_file=<TSV or JSON Lines>)."
+            )
+        return Inputs(_text_dataset(data, [[str(g)] for g in given]), False, False)
+    path = Path(str(file))
+    if not path.is_file():
+        raise FineTuneInputError(f"input_file={path} does not exist; pass a TSV or JSONL file.")
+    if path.suffix == ".json":
+        raise FineTuneInputError(
+            f"input_file={path} is a JSON file; task={data.task} reads a TSV or JSON Lines "
+            "(.jsonl) (a SQuAD JSON needs a task=squad or squad_v2 run)."
+        )
+    if path.suffix == ".jsonl":
+        records = _jsonl(path)
+        names = _named_columns(list(records[0]), data, path)
+        for number, record in enumerate(records, start=1):
+            if not all(isinstance(record.get(n), str) for n in names):
+                raise FineTuneInputError(
+                    f"input_file={path} line {number} lacks a string "
+                    f"{' or '.join(repr(n) for n in names)}; give every record each."
+                )
+        return Inputs(_text_dataset(data, [[r[n] for r in records] for n in names]), True, False)
+    try:  # the task's own GLUE TSV (dev or test layout)
+        dataset = data.read_file(path, "input_file")
+        return Inputs(dataset, True, data.has_labels(dataset))
+    except FineTuneInputError as own_format:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+        header = rows[0] if rows else []
+        if not (all(c in header for c in data.text_columns) or
+                all(c in header for c in ALIASES[:width])):  # fmt: skip
+            raise own_format
+        names = _named_columns(header, data, path)
+        picks = [header.index(n) for n in names]
+        body = [r for r in rows[1:] if r]
+        for number, row in enumerate(body, start=2):
+            if len(row) != len(header):
+                raise FineTuneInputError(
+                    f"input_file={path} line {number} has {len(row)} tab-separated fields, "
+                    f"not {len(header)} as its header; fix the line."
+                ) from own_format
+        if not body:
+            raise FineTuneInputError(
+                f"input_file={path} holds no rows; pass a non-empty file."
+            ) from own_format
+        texts = [[row[i] for row in body] for i in picks]
+        return Inputs(_text_dataset(data, texts), True, False)
+
+
+def read_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
+    """The inputs to predict, from the command line or ``input_file``."""
+    single = any(cfg.get(k) is not None for k in ("question", "context", *ALIASES))
+    if cfg.get("input_file") and single:
+        raise FineTuneInputError(
+            "pass either one input on the command line (question=/context= or text=/text_pair=) "
+            "or input_file=, not both."
+        )
+    return _squad_inputs(cfg, data) if _is_squad(data) else _glue_inputs(cfg, data)
+
+
+def _softmax(row: Any) -> list[float]:
+    top = max(float(x) for x in row)
+    weights = [math.exp(float(x) - top) for x in row]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def predict_records(
+    data: Any, task: Any, inputs: Inputs, tokenizer: Any, recipe: Mapping[str, Any], autocast: Any
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """One record per input (module docstring), and the task's own predictions (for its
+    metrics)."""
+    from omnibert.run.finetuning import predict_outputs
+
+    dataset = inputs.dataset
+    predictions, outputs = predict_outputs(data, task, dataset, tokenizer, dict(recipe), autocast)
+    records: list[dict[str, Any]] = []
+    if _is_squad(data):
+        for qid, p in zip(dataset["id"], predictions, strict=True):
+            record: dict[str, Any] = {
+                "id": str(qid), "answer": p.text, "probability": p.probability,
+                "score": p.score, "start": None if p.char_span is None else p.char_span[0],
+            }  # fmt: skip
+            if p.null_score_diff is not None:
+                record["null_score_diff"] = max(-1e9, min(1e9, p.null_score_diff))
+            records.append(record)
+        return records, predictions
+    indices = [int(i) for i in dataset["idx"]] if "idx" in dataset.column_names else None
+    for position, (value, row) in enumerate(zip(predictions, outputs, strict=True)):
+        index = position if indices is None else indices[position]
+        if data.regression:
+            records.append({"index": index, "score": float(value)})
+            continue
+        probabilities = _softmax(row)
+        names = data.label_names
+        records.append({
+            "index": index, "label": names[int(value)],
+            "probability": probabilities[int(value)],
+            "probabilities": dict(zip(names, probabilities, strict=True)),
+        })  # fmt: skip
+    return records, predictions

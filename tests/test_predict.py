@@ -1,0 +1,188 @@
+"""omnibert-predict for every task, from tiny fine-tuned runs: a sentence pair (MRPC), one
+sentence (SST-2) and a score (STS-B) from the command line, the task's GLUE TSV / Hub split,
+a column-named TSV and JSON Lines give one record per input with the label name and its
+probability (the file's metrics when labelled) equal to what the run predicted; SQuAD v2.0
+from a question, a SQuAD JSON and JSON Lines; a checkpoint of one task asked to predict
+another, and inputs of the wrong kind, are one sentence before the model runs (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from finetune_data import mrpc_file, squad_file
+from glue_data import hub_glue_dir
+
+from omnibert.apps import finetune, predict
+from omnibert.apps.compose import compose
+from omnibert.convert import export_hf
+from omnibert.errors import UserError
+from omnibert.models import BertConfig, BertForPreTraining
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=128)  # fmt: skip
+FAST = ["task.epochs=1", "task.batch_size=8", "task.lr=1e-3", "task.max_seq_length=64",
+        "logger=none", "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, bert_vocab_file):
+    tmp = tmp_path_factory.mktemp("predict")
+    torch.manual_seed(0)
+    hf = tmp / "hf"
+    export_hf(BertForPreTraining(BertConfig(vocab_size=30522, **TINY)), hf, bert_vocab_file)
+    hub = hub_glue_dir(tmp / "glue", ["sst2", "stsb"], train=16, evaluation=10, test=4)
+    files = {
+        "mrpc": (mrpc_file(tmp / "train.tsv", 16, 1), mrpc_file(tmp / "dev.tsv", 12, 2)),
+        "squad_v2": (squad_file(tmp / "train.json", 6, 1, facts=2, unanswerable=1),
+                     squad_file(tmp / "dev.json", 4, 2, facts=2, unanswerable=1)),
+    }  # fmt: skip
+    out = {}
+    for task in ("mrpc", "squad_v2", "sst2", "stsb"):
+        if task in files:
+            data = [f"data.train_file={files[task][0]}", f"data.eval_file={files[task][1]}"]
+        else:
+            data = [f"data.dataset={hub}", f"data.cache_dir={tmp / 'cache'}"]
+        summary = finetune.run(compose("finetune", [
+            f"task={task}", *data, f"model.init_from={hf}",
+            f"paths.output_root={tmp / 'runs'}", *FAST,
+        ]))  # fmt: skip
+        out[task] = (Path(summary["run_dir"]), files.get(task, (None, None))[1], summary)
+    return out
+
+
+def _predict(*overrides: str) -> dict:
+    return predict.run(compose("predict", list(overrides)))
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_pairs_from_the_command_line_tsv_and_jsonl_agree_with_the_run(runs, tmp_path, capsys):
+    run_dir, dev, summary = runs["mrpc"]
+    result = _predict(f"ckpt={run_dir}", f"input_file={dev}", f"out={tmp_path / 'a.jsonl'}")
+    records = _jsonl(tmp_path / "a.jsonl")
+    assert len(records) == 12
+    rows = (run_dir / "eval" / "validation.tsv").read_text().splitlines()[1:]
+    names = ["not_equivalent", "equivalent"]
+    assert [r["label"] for r in records] == [names[int(x.split("\t")[1])] for x in rows]
+    for r in records:
+        assert set(r["probabilities"]) == set(names)
+        assert r["probability"] == max(r["probabilities"].values())
+        assert sum(r["probabilities"].values()) == pytest.approx(1.0)
+    assert result["accuracy"] == pytest.approx(summary["accuracy"])  # labelled: metrics too
+    pairs = [line.split("\t")[3:5] for line in dev.read_text().splitlines()[1:]]
+    named = tmp_path / "pairs.tsv"
+    named.write_text("sentence1\tsentence2\n" + "".join(f"{a}\t{b}\n" for a, b in pairs))
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in pairs))
+    for path in (named, jsonl):
+        other = _predict(f"ckpt={run_dir}", f"input_file={path}", f"out={tmp_path / 'b.jsonl'}")
+        assert [r["label"] for r in _jsonl(tmp_path / "b.jsonl")] == [r["label"] for r in records]
+        assert "accuracy" not in other  # no labels in these files
+    capsys.readouterr()
+    one = _predict(f"ckpt={run_dir}", f"text='{pairs[3][0]}'", f"text_pair='{pairs[3][1]}'")
+    assert json.loads(capsys.readouterr().out) == one
+    assert one["label"] == records[3]["label"]
+    assert one["probability"] == pytest.approx(records[3]["probability"], abs=1e-5)
+
+
+def test_one_sentence_and_a_score_from_the_command_line_and_jsonl(runs, tmp_path):
+    sst2_dir, _, _ = runs["sst2"]
+    eval_rows = (sst2_dir / "eval" / "validation.tsv").read_text().splitlines()[1:]
+    import datasets
+
+    split = datasets.load_dataset(
+        "parquet", data_files=str(next((sst2_dir.parent.parent / "glue" / "sst2").glob("val*")))
+    )["train"]
+    jsonl = tmp_path / "s.jsonl"
+    jsonl.write_text("".join(json.dumps({"sentence": s}) + "\n" for s in split["sentence"]))
+    _predict(f"ckpt={sst2_dir}", f"input_file={jsonl}", f"out={tmp_path / 's_out.jsonl'}")
+    records = _jsonl(tmp_path / "s_out.jsonl")
+    names = ["negative", "positive"]
+    assert [r["label"] for r in records] == [names[int(x.split("\t")[1])] for x in eval_rows]
+    one = _predict(f"ckpt={sst2_dir}", f"text='{split['sentence'][0]}'")
+    assert one["label"] == records[0]["label"] and set(one["probabilities"]) == set(names)
+    stsb_dir, _, _ = runs["stsb"]
+    scores = [float(x.split("\t")[1]) for x in
+              (stsb_dir / "eval" / "validation.tsv").read_text().splitlines()[1:]]  # fmt: skip
+    pair = datasets.load_dataset(
+        "parquet", data_files=str(next((stsb_dir.parent.parent / "glue" / "stsb").glob("val*")))
+    )["train"][0]
+    one = _predict(f"ckpt={stsb_dir}", f"text='{pair['sentence1']}'",
+                   f"text_pair='{pair['sentence2']}'")  # fmt: skip
+    assert set(one) == {"index", "score"} and one["score"] == pytest.approx(scores[0], abs=1e-4)
+
+
+def test_squad_v2_from_a_question_a_squad_file_and_jsonl(runs, tmp_path, capsys):
+    run_dir, dev, summary = runs["squad_v2"]
+    result = _predict(f"ckpt={run_dir}", f"input_file={dev}", f"out={tmp_path / 'a.jsonl'}")
+    records = _jsonl(tmp_path / "a.jsonl")
+    official = json.loads((run_dir / "eval" / "predictions.json").read_text())
+    assert {r["id"]: r["answer"] for r in records} == official
+    odds = json.loads((run_dir / "eval" / "null_odds.json").read_text())
+    assert all(r["null_score_diff"] == pytest.approx(odds[r["id"]], abs=1e-4) for r in records)
+    assert result["f1"] == pytest.approx(summary["f1"])
+    data = json.loads(dev.read_text())["data"]
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text("".join(
+        json.dumps({"id": qa["id"], "question": qa["question"], "context": p["context"]}) + "\n"
+        for a in data for p in a["paragraphs"] for qa in p["qas"]
+    ))  # fmt: skip
+    again = _predict(f"ckpt={run_dir}", f"input_file={jsonl}", f"out={tmp_path / 'b.jsonl'}")
+    assert "f1" not in again
+    assert {r["id"]: r["answer"] for r in _jsonl(tmp_path / "b.jsonl")} == official
+    para = data[0]["paragraphs"][0]
+    qa = para["qas"][0]
+    capsys.readouterr()
+    one = _predict(
+        f"ckpt={run_dir}", f"question='{qa['question']}'", f"context='{para['context']}'"
+    )
+    assert json.loads(capsys.readouterr().out) == one
+    assert one["answer"] == official[qa["id"]]
+
+
+def test_a_checkpoint_of_one_task_refuses_another_in_one_sentence(runs, tmp_path):
+    mrpc_dir, mrpc_dev, _ = runs["mrpc"]
+    squad_dir, squad_dev, _ = runs["squad_v2"]
+    sst2_dir, _, _ = runs["sst2"]
+    bad_tsv = tmp_path / "bad.tsv"
+    bad_tsv.write_text("left\tright\na\tb\n")
+    out = f"out={tmp_path / 'x.jsonl'}"
+    cases = {
+        f"ckpt={squad_dir} is a task=squad_v2 model and cannot predict task_name=mrpc": [
+            f"ckpt={squad_dir}", "task_name=mrpc", "text=a", "text_pair=b"],
+        "is a task=mrpc model: it classifies text=, not question/context=": [
+            f"ckpt={mrpc_dir}", "question=Who?", "context=Nobody."],
+        "is a task=squad_v2 model: it answers question= over context=, not text=": [
+            f"ckpt={squad_dir}", "text=a"],
+        "is a task=sst2 model, which reads one sentence: drop text_pair=": [
+            f"ckpt={sst2_dir}", "text=a", "text_pair=b"],
+        "task=mrpc reads sentence pairs: pass text=": [f"ckpt={mrpc_dir}", "text=a"],
+        f"input_file={squad_dev} is a JSON file; task=mrpc reads a TSV or JSON Lines": [
+            f"ckpt={mrpc_dir}", f"input_file={squad_dev}", out],
+        "is not JSON": [f"ckpt={squad_dir}", f"input_file={mrpc_dev}", out],
+        "task=mrpc reads sentence1 and sentence2 (or text and text_pair)": [
+            f"ckpt={mrpc_dir}", f"input_file={tmp_path / 'bad.jsonl'}", out],
+        "input_file= needs out=": [f"ckpt={mrpc_dir}", f"input_file={mrpc_dev}"],
+    }  # fmt: skip
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"left": "a", "right": "b"}) + "\n")
+    for message, overrides in cases.items():
+        with pytest.raises(UserError, match=re.escape(message)):
+            _predict(*overrides)
+    with pytest.raises(UserError, match=re.escape(f"{bad_tsv}")):
+        _predict(f"ckpt={mrpc_dir}", f"input_file={bad_tsv}", out)
+    assert not (tmp_path / "x.jsonl").exists()
+    script = Path(sys.executable).parent / "omnibert-predict"
+    bad = subprocess.run([str(script), f"ckpt={squad_dir}", "task_name=mrpc", "text=a",
+                          f"hydra.run.dir={tmp_path}/h"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "cannot predict task_name=mrpc" in bad.stderr
