@@ -17,8 +17,8 @@ from test_experiments import SMALL
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
 from omnibert.errors import UserError
-from omnibert.prepare.formats.hdf5 import write_hdf5
-from omnibert.prepare.formats.tfrecord import write_tfrecord
+from omnibert.formats.hdf5 import write_hdf5
+from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
 from omnibert.run.checks import (

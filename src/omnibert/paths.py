@@ -3,13 +3,15 @@ naming its key instead of a traceback after minutes of work."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 from omnibert.errors import UserError
 
-__all__ = ["PathError", "check_writable_dir"]
+__all__ = ["PathError", "check_writable_dir", "write_json_atomic"]
 
 
 class PathError(UserError):
@@ -59,3 +61,15 @@ def check_writable_dir(path: str | Path, key: str) -> Path:
         ) from err
     probe.rmdir()
     return target
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """``payload`` as indented JSON at ``path``, written to a temporary file, synced and
+    renamed: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

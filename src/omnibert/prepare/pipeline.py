@@ -25,6 +25,7 @@ from omnibert.prepare.metadata import (
     eval_shortfall,
     fingerprint,
     identity_of,
+    row_stats,
     skip_reason,
 )
 from omnibert.prepare.output_dir import PrepareError, check_output_dir, damaged_files
@@ -150,7 +151,7 @@ def prepare(
     records = shards.assemble(output_dir, kept_parts, keep_rows=eval_samples)
     dataset = shards.write_state(output_dir, records, dataset_fingerprint)
     if eval_samples is None:
-        kept = RowStats.from_parts(parts, settings.max_seq_length)
+        kept = row_stats(parts, settings.max_seq_length)
     else:
         kept = RowStats.from_dataset(dataset, settings.max_seq_length)
     notes = [*shortfalls, *eval_shortfall(eval_samples, kept.rows)]
