@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omnibert.data.integrity import file_problems, repair_command
 from omnibert.data.schema import COLUMNS, FORMAT_NAME, METADATA_FILE
 from omnibert.errors import UserError
-
-if TYPE_CHECKING:
-    from omnibert.data.sources import RowSpec
 
 # settings that must agree between the train and the eval set (when both record them)
 COMPARED = (
@@ -31,6 +28,17 @@ COMPARED = (
 
 class DataConfigError(UserError):
     """The data configuration cannot work; the message names the key/path and the fix."""
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """What the data module asks of a source: the run's row width and masked positions
+    (``phase.*``, checked against the data) and the run's data seed (generated rows are
+    drawn from it)."""
+
+    max_seq_length: int | None  # None: the data's (evaluation of a checkpoint)
+    max_predictions_per_seq: int | None
+    seed: int = 12345
 
 
 def read_metadata(key: str, path: str) -> dict[str, Any]:

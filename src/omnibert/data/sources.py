@@ -19,7 +19,6 @@ needs), and hands out map-style datasets whose ``__getitems__`` returns a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch.utils.data import Dataset
 from omnibert.data.checks import (
     COMPARED,
     DataConfigError,
+    RowSpec,
     Split,
     check_files,
     check_widths,
@@ -55,17 +55,6 @@ __all__ = [
 ]
 
 Ints = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True)
-class RowSpec:
-    """What the data module asks of a source: the run's row width and masked positions
-    (``phase.*``, checked against the data) and the run's data seed (generated rows are
-    drawn from it)."""
-
-    max_seq_length: int | None  # None: the data's (evaluation of a checkpoint)
-    max_predictions_per_seq: int | None
-    seed: int = 12345
 
 
 class RowSource:
