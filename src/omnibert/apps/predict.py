@@ -14,9 +14,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
 

@@ -16,10 +16,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import check_paths, preflight
-from omnibert.apps.schema import register, validate
 from omnibert.errors import exit_on
+from omnibert.schema import validate
 from omnibert.threads import set_wait_policy_env
 
 register()

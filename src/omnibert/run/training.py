@@ -66,7 +66,7 @@ log = logging.getLogger("omnibert.train")
 def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The training config as plain containers, interpolations resolved, ranges checked;
     every problem is one sentence naming the key."""
-    from omnibert.apps.schema import validate
+    from omnibert.schema import validate
 
     c = resolve_config(
         cfg, "e.g. omnibert-train data.train_path=<dir> data.eval_path=<dir> (or experiment=demo)"
