@@ -20,12 +20,28 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
+from omnibert.callbacks.requeue import RESUME_FILE
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
+from omnibert.models.config import architecture_diffs
 from omnibert.run.plan import TrainConfigError
 
-#: written next to last.ckpt by a run stopped at its time limit (omnibert.callbacks.requeue)
-RESUME_FILE = "resume.json"
+__all__ = [
+    "RESUME_FILE",
+    "check_init_from",
+    "check_optimizer",
+    "check_resume_position",
+    "check_resume_target",
+    "describe_clipping",
+    "instantiate_node",
+    "remove_stale_temporaries",
+    "resolve_ckpt_path",
+    "resolve_clipping",
+    "resolve_config",
+    "resolve_vocab_size",
+    "saved_sampler_state",
+    "tf1_bert_config",
+]
 
 
 def instantiate_node(node: Any, **kwargs: Any) -> Any:
@@ -240,19 +256,6 @@ def check_resume_position(ckpt: str, sampler: Any) -> None:
     state = saved_sampler_state(ckpt)
     if state is not None:
         sampler.load_state_dict(state)
-
-
-#: BertConfig fields that may differ between a run and the weights it starts from
-REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
-
-
-def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
-    """``key=saved (this model: ours)`` for every architecture field that differs."""
-    return [
-        f"{k}={saved.get(k)!r} (this model: {v!r})"
-        for k, v in model.items()
-        if k not in REGULARISATION_FIELDS and saved.get(k) != v
-    ]
 
 
 def check_init_from(
