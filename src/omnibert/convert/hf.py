@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
 
@@ -90,7 +91,7 @@ def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
             if file.suffix == ".safetensors":
                 tensors.update(load_file(str(file)))
             else:
-                tensors.update(torch.load(file, map_location="cpu", weights_only=True))
+                tensors.update(load_checkpoint(file))
         except Exception as err:
             raise ConversionError(
                 f"{file} could not be read ({type(err).__name__}: {err}); re-download the "
@@ -297,7 +298,7 @@ def load_pretraining_checkpoint(
     if not path.is_file():
         raise ConversionError(f"checkpoint {path} does not exist; pass ckpt= with a .ckpt file.")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(path)
     except Exception as err:
         raise ConversionError(
             f"checkpoint {path} could not be read ({type(err).__name__}); pass a checkpoint "
