@@ -209,21 +209,3 @@ def complete(output_dir: Path, metadata: dict[str, Any]) -> None:
     """Write ``metadata.json`` (the completion mark) and drop the work directory."""
     write_json_atomic(output_dir / METADATA_FILE, metadata)
     shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-
-
-def written_by_us(path: Path) -> bool:
-    """Whether ``path`` (an entry of an output directory) is one omnibert-prepare writes."""
-    # packs/: pack indexes (omnibert.prepare.pack_index) made for the data being replaced
-    names = (METADATA_FILE, "state.json", "dataset_info.json", PARTS_DIR, "packs")
-    return path.name in names or (path.name.startswith("data-") and path.suffix == ".arrow")
-
-
-def remove_outputs(output_dir: Path) -> None:
-    """Delete what a previous run of ours wrote (and nothing else)."""
-    for path in output_dir.iterdir():
-        if not written_by_us(path):
-            continue
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()

@@ -119,7 +119,11 @@ def quiet_third_party_deprecations() -> None:
     calling torch's deprecated APIs, not from omnibert (matched by message and by the
     module the warning is attributed to, nothing else): torchdata's ``StatefulDataLoader``
     calls ``torch.set_vital`` (torchdata 0.11), Lightning's ``_pytree`` builds a
-    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10)."""
+    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10). And each Lightning log line once
+    (:func:`omnibert.logs.single_lightning_output`)."""
+    from omnibert.logs import single_lightning_output
+
+    single_lightning_output()
     warnings.filterwarnings(
         "ignore", message=r"'set_vital' is deprecated", category=UserWarning,
         module=r"torchdata\.stateful_dataloader",
@@ -135,9 +139,11 @@ def prepare(cfg: DictConfig) -> Prepared:
     quiet_third_party_deprecations()
     from omnibert.run.profiling import check_profile
     from omnibert.run.slurm import check_slurm_layout
+    from omnibert.run.target_types import check_target_types
 
     c = resolve(cfg)
-    for name in ("output_root", "checkpoint_dir"):  # before any data is read
+    check_target_types(c)  # trainer.max_epochs=abc: named before anything is built
+    for name in ("output_root", "checkpoint_dir", "log_dir"):  # before any data is read
         if c["paths"].get(name) is not None:
             check_writable_dir(c["paths"][name], f"paths.{name}")
     plugin, environment = _plugin(cfg)
