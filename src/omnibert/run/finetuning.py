@@ -170,7 +170,10 @@ def prepare(cfg: DictConfig) -> Prepared:
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
         )
     loaded = load_pretrained(
-        c["model"]["init_from"], c["model"].get("bert_config"), require_heads=False
+        c["model"]["init_from"],
+        c["model"].get("bert_config"),
+        require_heads=False,
+        key="model.init_from",
     )
     vocab = loaded.vocab_file
     if vocab is None or not Path(vocab).is_file():
@@ -246,8 +249,11 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     import torch
     from torch.utils.data import DataLoader
 
+    from omnibert import stopping
+    from omnibert.callbacks.stop import StopAtSafePoint
     from omnibert.compat import seed_everything
     from omnibert.run.checks import instantiate_node
+    from omnibert.stopping import ignore_in_worker
 
     c, inputs = prepared.inputs.c, prepared.inputs
     seed_everything(c["seed"], workers=True)
@@ -261,6 +267,7 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
         shuffle=True,
         generator=torch.Generator().manual_seed(int(c["seed"])),
         num_workers=int(c["data"].get("num_workers") or 0),
+        worker_init_fn=ignore_in_worker,  # a signal to the group stops the run, not a worker
     )
     hardware = prepared.plugin.trainer_kwargs(str(c["trainer"].get("precision")))
     plugins = hardware.pop("plugins")
@@ -277,9 +284,15 @@ def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
         enable_checkpointing=False,
         limit_val_batches=0,
         default_root_dir=str(run_dir),
+        # SIGTERM / SIGINT: stop at the end of the optimiser step; a fine-tune is short and
+        # keeps no checkpoints to resume from, so it is run again
+        callbacks=[StopAtSafePoint(hint="fine-tuning does not resume: run the command again")],
     )
     start = time.perf_counter()
-    trainer.fit(task, train_dataloaders=loader)
+    with stopping.at_safe_points():
+        trainer.fit(task, train_dataloaders=loader)
+    stopping.set_context(f" after fine-tuning finished at step {trainer.global_step}")
+    stopping.check()
     seconds = time.perf_counter() - start
     checkpoint = run_dir / "checkpoints" / "final.ckpt"
     trainer.save_checkpoint(checkpoint)
@@ -372,6 +385,9 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` in the run directory; returns the summary."""
+    from omnibert import stopping
+
+    stopping.set_context(" before fine-tuning started")
     prepared = prepare(cfg)
     c = prepared.inputs.c
     run_dir = Path(c["paths"]["run_dir"])
