@@ -22,14 +22,20 @@ A signal whose handler someone else installed before the app started is left to 
 submitit installs its own SIGTERM handler in a SLURM job (it bypasses SIGTERM and requeues
 on its own signal, :mod:`omnibert.callbacks.requeue`), and a process started with SIGTERM
 ignored keeps ignoring it. Lightning's SLURM requeue listens to SIGUSR1, which is not
-touched. Child processes (loader and prepare workers) ignore both signals
-(:func:`ignore_in_worker`): the parent decides, and their parent's exit ends them.
+touched. Loader workers ignore SIGINT, and SIGTERM while their parent handles it
+(:func:`ignore_in_worker`: a byte of memory shared with the forked workers says so), so a
+signal to the whole process group (or to every process of a SLURM job or a systemd unit)
+stops the run at its step instead of killing a worker under it; outside a run, a parent
+ending its workers with SIGTERM (``multiprocessing`` at exit) still ends them.
+``omnibert-prepare``'s workers ignore SIGINT and die quietly of SIGTERM
+(:func:`omnibert.prepare.workers.die_with_parent`).
 
 Standard library only: the apps enter it before torch is imported.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import threading
@@ -104,6 +110,10 @@ class _State:
 
 _STATE = _State()
 
+#: one byte of anonymous shared memory, inherited by forked loader workers: 1 while this
+#: process handles SIGTERM itself (:func:`handle_stop_signals`)
+_HANDLING = mmap.mmap(-1, 1)
+
 
 def _say(text: str) -> None:
     """Write from a signal handler: ``os.write`` is safe where ``print`` may re-enter."""
@@ -137,12 +147,14 @@ def handle_stop_signals(app: str) -> Iterator[None]:
             if _free(signum, current):
                 state.previous[signum] = current
                 signal.signal(signum, state.handle)
+        _HANDLING[0] = int(signal.SIGTERM in state.previous)
     state.depth += 1
     try:
         yield
     finally:
         state.depth -= 1
         if outer:
+            _HANDLING[0] = 0
             for number, handler in state.previous.items():
                 if _ours(signal.getsignal(number)):
                     signal.signal(number, handler)
@@ -196,9 +208,18 @@ def set_context(text: str) -> None:
 
 
 def ignore_in_worker(*_: Any) -> None:
-    """A worker process (loader, prepare) ignores SIGTERM and SIGINT: a signal sent to the
-    whole process group (a terminal's Ctrl-C, ``timeout``, ``kill -- -PGID``) reaches the
-    parent, which stops at its safe point and ends its workers; they never print their own
-    tracebacks. Usable as a ``worker_init_fn`` (it takes and ignores the worker id)."""
-    for signum in SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+    """A loader worker ignores SIGINT, and SIGTERM while its parent handles SIGTERM: a signal
+    sent to the whole process group (a terminal's Ctrl-C, ``timeout``, ``kill -- -PGID``,
+    SLURM or systemd signalling every process) reaches the parent, which stops at its safe
+    point and ends its workers; they never print their own tracebacks. A SIGTERM while the
+    parent does not handle it (a parent ending its workers at exit) ends the worker as
+    before. Usable as a ``worker_init_fn`` (it takes and ignores the worker id)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _worker_sigterm)
+
+
+def _worker_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _HANDLING[0]:  # the run stops at its safe point and then ends this worker
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -40,7 +40,7 @@ from omnibert.prepare.instances import (
 )
 from omnibert.prepare.metadata import PartStats
 from omnibert.prepare.output_dir import PrepareError
-from omnibert.stopping import Stopped, ignore_in_worker
+from omnibert.stopping import Stopped
 from omnibert.tokenization.bert_tokenizer import BertTokenizer
 from omnibert.tokenization.vocab import Vocab
 
@@ -174,8 +174,8 @@ def run_jobs(jobs: list[PrepareJob], num_workers: int, progress: bool) -> dict[i
 
 
 def _end_workers(pool: ProcessPoolExecutor, output_dir: Path) -> None:
-    """Kill the pool's workers now (they ignore SIGTERM and SIGINT) instead of waiting for
-    their files, and remove the part each was writing (a part is renamed into place whole,
+    """Kill the pool's workers now (a signal sent to the run alone does not reach them)
+    instead of waiting for their files, and remove the part each was writing (a part is renamed into place whole,
     so a finished one is never touched)."""
     processes = dict(getattr(pool, "_processes", None) or {})  # terminate_workers() from 3.14
     for process in processes.values():
@@ -203,9 +203,13 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Worker initializer: end this process as soon as ``parent_pid`` (the run) is gone;
-    leave SIGTERM and SIGINT to the run (:func:`omnibert.stopping.ignore_in_worker`)."""
-    ignore_in_worker()
+    """Worker initializer: end this process as soon as ``parent_pid`` (the run) is gone.
+
+    SIGINT is ignored (a Ctrl-C to the process group would print a ``KeyboardInterrupt``
+    traceback per worker; the run stops and ends its workers). SIGTERM keeps its default:
+    the pool itself ends workers with SIGTERM when it breaks, and a worker killed by it
+    prints nothing, while the run stops on the same signal (:mod:`omnibert.stopping`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
 
