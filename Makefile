@@ -8,14 +8,14 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_ARGS ?=
 PYTEST_ARGS ?= -n 2
 
-.PHONY: install demo test lint typecheck format bench-prepare clean
+.PHONY: install demo test lint typecheck format docs docs-serve bench-prepare clean wheelhouse install-offline
 
 install: $(VENV)/.omnibert-installed
 
 $(VENV)/.omnibert-installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
-	$(PY) -m pip install -e ".[dev,wiki,bench]"
+	$(PY) -m pip install -e ".[dev,wiki,bench,docs]"
 	@touch $@
 
 demo: install
@@ -31,6 +31,14 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor, a
+# page missing from the nav or a docstring that fails to render fails the build
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
@@ -38,5 +46,24 @@ format: install
 bench-prepare: install
 	$(PY) scripts/bench_prepare.py
 
+# Offline installs (README "Installing without internet"): the wheels a target environment
+# lacks, for its Python and platform, checked against its `pip list --format=freeze` (BASE).
+PYTHON ?= python3
+WHEELHOUSE ?= wheelhouse
+PYVER ?=
+PLATFORM ?= local
+BASE ?=
+EXTRAS ?=
+TARGET ?=
+
+wheelhouse:
+	$(PYTHON) scripts/wheelhouse.py build --dest $(WHEELHOUSE) --platform $(PLATFORM) \
+		$(if $(PYVER),--python-version $(PYVER)) $(if $(BASE),--base $(BASE)) \
+		$(if $(EXTRAS),--extras $(EXTRAS))
+
+# into PYTHON's environment, or with TARGET=dir into a directory for PYTHONPATH; no index
+install-offline:
+	$(PYTHON) scripts/wheelhouse.py install --wheelhouse $(WHEELHOUSE) $(if $(TARGET),--target $(TARGET))
+
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) outputs multirun site .pytest_cache .mypy_cache .ruff_cache

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+import benchplot
 import torch
 import torch.nn.functional as F
 import transformers
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -125,6 +127,17 @@ def main() -> None:
         f"{args.rounds} rounds, {args.threads} threads, {args.device} {args.precision}: "
         f"omnibert {statistics.median(rates['omnibert']):.2f} seq/s, "
         f"hf {statistics.median(rates['hf']):.2f} seq/s, ratio {statistics.median(ratios):.2f}x"
+    )
+    benchplot.save_throughput(
+        args.results_dir,
+        f"finetune-squad-seq{args.seq}-{args.device}-{args.precision}",
+        "SQuAD fine-tuning steps (MiniLM, BertForQuestionAnswering) against Hugging Face",
+        f"MiniLM QA fine-tuning, seq {args.seq}, batch {args.batch}, {args.steps} steps x "
+        f"{args.rounds} rounds, {args.threads} threads, {args.device} {args.precision}, "
+        f"transformers {transformers.__version__}",
+        rates,
+        ratios,
+        unit="sequences/s",
     )
 
 

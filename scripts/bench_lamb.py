@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import benchplot
 import torch
 
 from omnibert.optim import Lamb
@@ -85,6 +86,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round and implementation")
     ap.add_argument("--impls", nargs="*", default=None)
+    benchplot.add_arguments(ap)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -135,10 +137,57 @@ def main() -> None:
     print(
         f"\n{'implementation':16s} {'ms/step':>9s} {'min':>8s} {'vs torch-optimizer':>19s} {'x floor':>8s}"
     )
+    rows = []
     for name, ts in times.items():
         med = statistics.median(ts)
         speedup = f"{peer / med:.2f}x faster" if peer else "n/a"
         print(f"{name:16s} {med:9.0f} {min(ts):8.0f} {speedup:>19s} {med / floor_ms:8.2f}")
+        rows.append([name, f"{med:.0f}", f"{min(ts):.0f}", speedup, f"{med / floor_ms:.2f}"])
+    save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows)
+
+
+def save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows) -> None:
+    """lamb.json + lamb.svg: ms/step per implementation next to torch-optimizer and the floor."""
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    ours = min((m, n) for n, m in medians.items() if n != "torch-optimizer")
+    headline = f"fastest omnibert LAMB ({ours[1]}) {ours[0]:.0f} ms/step"
+    if peer:
+        headline += f": {peer / ours[0]:.2f}x faster than torch-optimizer's Lamb ({peer:.0f} ms)"
+    headline += f", {ours[0] / floor_ms:.2f}x the memory-bandwidth floor ({floor_ms:.0f} ms)"
+    fig, (ax,) = benchplot.figure(1, width=6.5)
+    names = list(medians)
+    benchplot.draw_bars(
+        ax,
+        f"LAMB step, BERT-base ({numel / 1e6:.0f}M parameters), {device.type}",
+        "ms per step (median of rounds)",
+        names,
+        {"ms/step": [medians[n] for n in names]},
+    )
+    ax.axhline(floor_ms, color="black", linestyle="--", linewidth=1, label="bandwidth floor")
+    ax.legend(frameon=False, fontsize=8)
+    record = benchplot.Record(
+        name="lamb",
+        title="LAMB implementations against torch-optimizer and the memory-bandwidth floor",
+        headline=headline,
+        tables=[
+            benchplot.Table(
+                f"{args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads, "
+                f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, floor {BYTES_PER_PARAM} B/param "
+                f"= {floor_ms:.0f} ms",
+                ["implementation", "ms/step (median)", "min", "vs torch-optimizer", "x floor"],
+                rows,
+            )
+        ],
+        measurements={
+            "ms_per_step": times,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "floor_ms": floor_ms,
+            "parameters": numel,
+            "threads": torch.get_num_threads(),
+            "device": str(device),
+        },
+    )
+    benchplot.save(record, fig, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchplot
 import numpy as np
 
 from omnibert.packing import PackPlan, pack_histogram, pack_lengths
@@ -72,7 +73,9 @@ def scipy_nnls_seconds(counts: Any) -> float | None:
     return time.perf_counter() - start
 
 
-def row(label: str, plan: PackPlan, first: float, median: float, published: dict, key: str | None):
+def row(
+    label: str, plan: PackPlan, first: float, median: float, published: dict, key: str | None
+) -> dict[str, Any]:
     eff = f"{plan.efficiency:.6f}"
     spd = f"{plan.speedup:.5f}"
     pub_eff = pub_spd = pub_t = ratio = "-"
@@ -87,6 +90,17 @@ def row(label: str, plan: PackPlan, first: float, median: float, published: dict
         f"{label:28s} {plan.max_sequences_per_pack:>4d} {eff:>9s} {pub_eff:>9s} {spd:>8s} "
         f"{pub_spd:>8s} {median:>9.4f} {pub_t:>8s} {ratio:>7s} {first:>8.3f}"
     )
+    return {
+        "algorithm": label,
+        "max_sequences_per_pack": plan.max_sequences_per_pack,
+        "efficiency": plan.efficiency,
+        "speedup": plan.speedup,
+        "runtime_s": median,
+        "first_call_s": first,
+        "published_efficiency": None if pub_eff == "-" else float(pub_eff),
+        "published_speedup": None if pub_spd == "-" else float(pub_spd),
+        "published_runtime_s": None if pub_t == "-" else float(pub_t),
+    }
 
 
 def main() -> None:
@@ -102,6 +116,7 @@ def main() -> None:
         default=262144,
         help="sequences drawn from the histogram for the online-packing table (0: skip)",
     )
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
 
     data = json.loads(args.histogram.read_text())
@@ -116,20 +131,23 @@ def main() -> None:
         f"{'pub spd':>8s} {'time s':>9s} {'pub s':>8s} {'pub/us':>7s} {'1st s':>8s}"
     )
     runs = RUNS + ([] if args.no_depth4 else [DEPTH4])
+    results = []
     for run in runs:
         repeats = 1 if run is DEPTH4 else args.repeats
         plan, first, median = timed(run, counts, repeats)
         plan.check(counts)
-        row(run[0], plan, first, median, published, run[4])
+        results.append(row(run[0], plan, first, median, published, run[4]))
     print("time s: median pack_histogram runtime_s after a warm-up; 1st s: first call, which")
     print("loads (or, on a fresh checkout, compiles) the numba NNLS solver.")
 
+    peer = None
     if not args.no_scipy:
         seconds = scipy_nnls_seconds(counts)
         if seconds is None:
             print("scipy not installed: no same-machine NNLS peer")
         else:
             ours = timed(RUNS[2], counts, args.repeats)[2]
+            peer = {"scipy_nnls_s": seconds, "omnibert_nnlshp_s": ours}
             print(
                 f"peer, same run: scipy.optimize.nnls alone takes {seconds:.2f} s on the depth-3 "
                 f"matrix; our whole NNLSHP takes {ours:.3f} s ({seconds / ours:.0f}x faster)"
@@ -145,11 +163,110 @@ def main() -> None:
             f"in {seconds:.2f} s"
         )
 
-    if args.online_sample:
-        online_table(np.repeat(lengths, counts), args.online_sample)
+    online = (
+        online_table(np.repeat(lengths, counts), args.online_sample) if args.online_sample else []
+    )
+    save_results(args.results_dir, args.histogram.name, total, bound, results, peer, online)
 
 
-def online_table(population: Any, size: int) -> None:
+def save_results(
+    results_dir: Path,
+    histogram: str,
+    total: int,
+    bound: float,
+    results: list[dict[str, Any]],
+    peer: dict[str, float] | None,
+    online: list[dict[str, Any]],
+) -> None:
+    """packing.json + packing.svg: efficiency per algorithm against the published values,
+    runtimes against the published ones and the scipy peer, online packing per window."""
+    published = [r for r in results if r["published_efficiency"] is not None]
+    headline = ", ".join(
+        f"{r['algorithm']} efficiency {r['efficiency']:.6f} (published {r['published_efficiency']})"
+        for r in published
+        if "paper residual" not in r["algorithm"]
+    )
+    if peer:
+        ratio = peer["scipy_nnls_s"] / peer["omnibert_nnlshp_s"]
+        headline += f"; NNLSHP {ratio:.0f}x faster than scipy's NNLS step alone, same run"
+    table = benchplot.Table(
+        f"{histogram}: {total:,} sequences, max speed-up {bound:.4f}; published values in brackets",
+        [
+            "algorithm",
+            "max per pack",
+            "efficiency (published)",
+            "speed-up (published)",
+            "run time s (published)",
+        ],
+        [
+            [
+                r["algorithm"],
+                str(r["max_sequences_per_pack"]),
+                f"{r['efficiency']:.6f}"
+                + (f" ({r['published_efficiency']})" if r["published_efficiency"] else ""),
+                f"{r['speedup']:.5f}"
+                + (f" ({r['published_speedup']})" if r["published_speedup"] else ""),
+                f"{r['runtime_s']:.4f}"
+                + (f" ({r['published_runtime_s']})" if r["published_runtime_s"] else ""),
+            ]
+            for r in results
+        ],
+    )
+    tables = [table]
+    if online:
+        tables.append(
+            benchplot.Table(
+                "online packing (data.packing=online), K=3, P=80, sequences drawn from the histogram",
+                ["algorithm", "window (buffer_size)", "efficiency", "sequences/row", "µs/sequence"],
+                [
+                    [
+                        o["algorithm"],
+                        f"{o['buffer']:,}",
+                        f"{o['efficiency']:.4f}",
+                        f"{o['sequences_per_row']:.3f}",
+                        f"{o['us_per_sequence']:.1f}",
+                    ]
+                    for o in online
+                ],
+            )
+        )
+    fig, axes = benchplot.figure(3 if online else 2, height=4.0)
+    names = [r["algorithm"].replace(" ", "\n", 1) for r in published]
+    benchplot.draw_bars(
+        axes[0], "packing efficiency", "real tokens / slots", names,
+        {"omnibert": [r["efficiency"] for r in published],
+         "published": [r["published_efficiency"] for r in published]},
+        ylim=(0.99, 1.0),
+    )  # fmt: skip
+    runtimes = {
+        "omnibert": [r["runtime_s"] for r in published],
+        "published (paper's machine)": [r["published_runtime_s"] for r in published],
+    }
+    if peer:
+        runtimes["scipy NNLS step, same run"] = [
+            peer["scipy_nnls_s"] if r["algorithm"] == "NNLSHP depth 3" else None for r in published
+        ]
+    benchplot.draw_bars(axes[1], "run time", "seconds (log)", names, runtimes, log=True)
+    if online:
+        series = {}
+        for algorithm in dict.fromkeys(o["algorithm"] for o in online):
+            rows = [o for o in online if o["algorithm"] == algorithm]
+            series[algorithm] = ([o["buffer"] for o in rows], [o["efficiency"] for o in rows])
+        benchplot.draw_curves(
+            axes[2], "online packing, K=3", "window (sequences)", "efficiency", series, logx=True
+        )
+    record = benchplot.Record(
+        name="packing",
+        title="Packing algorithms on the Wikipedia seq-512 histogram against the published values",
+        headline=headline,
+        tables=tables,
+        measurements={"results": results, "scipy_peer": peer, "online": online,
+                      "histogram": histogram, "total_sequences": total, "max_speedup": bound},
+    )  # fmt: skip
+    benchplot.save(record, fig, results_dir)
+
+
+def online_table(population: Any, size: int) -> list[dict[str, Any]]:
     """Online packing (data.packing=online): efficiency of packing windows of a shuffled
     stream, per window (buffer) size and algorithm, at K=3 and P=80 (seq 512, 76 masks)."""
     from omnibert.packing.online import pack_window
@@ -162,6 +279,7 @@ def online_table(population: Any, size: int) -> None:
         f"efficiency {stream.sum() / (stream.size * 512):.4f})"
     )
     print(f"{'algorithm':<10}{'buffer':>8}{'efficiency':>12}{'seq/row':>9}{'us/seq':>9}")
+    out = []
     for algorithm in ("bfd", "nnlshp"):
         for buffer in (1024, 4096, 16384, 65536):
             pack_window(stream[:buffer], masks[:buffer], 512, 3, 80, algorithm, seed=0)  # warm
@@ -175,6 +293,14 @@ def online_table(population: Any, size: int) -> None:
                 f"{algorithm:<10}{buffer:>8}{stream.sum() / (rows * 512):>12.4f}"
                 f"{size / rows:>9.3f}{seconds / size * 1e6:>9.1f}"
             )
+            out.append({
+                "algorithm": algorithm,
+                "buffer": buffer,
+                "efficiency": float(stream.sum() / (rows * 512)),
+                "sequences_per_row": size / rows,
+                "us_per_sequence": seconds / size * 1e6,
+            })  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

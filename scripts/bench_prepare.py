@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchplot
 import datasets
 
 from omnibert.prepare.corpus import build_embedded_corpus
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--max-predictions-per-seq", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=None)
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="omnibert-bench-"))
@@ -153,8 +155,48 @@ def main() -> None:
             f"(identical output: {checked})"
         )
     print(json.dumps(report))
+    save_results(args, settings, len(files), size_mb, instances, tokens, ours_times, ref_times,
+                 report)  # fmt: skip
     if args.work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def save_results(args, settings, n_files, size_mb, instances, tokens, ours, ref, report) -> None:
+    """prepare-seq<S>.json + .svg: instances/s of omnibert and the reference per round."""
+    setup = (
+        f"embedded corpus ({n_files} files, {size_mb:.2f} MB), seq {settings.max_seq_length}, "
+        f"{settings.max_predictions_per_seq} masks, dupe_factor {settings.dupe_factor}, "
+        f"omnibert {args.workers} workers, reference 1 process; {instances:,} instances"
+    )
+    name = f"prepare-seq{settings.max_seq_length}"
+    title = "omnibert-prepare against Google's create_pretraining_data.py (identical output)"
+    if not ref:  # no peer: omnibert alone
+        fig = benchplot.bars(setup, "instances/s", [f"round {i}" for i in range(len(ours))],
+                             {"omnibert": [instances / s for s in ours]})  # fmt: skip
+        record = benchplot.Record(
+            name=name,
+            title=title,
+            headline=f"omnibert {instances / min(ours):,.0f} instances/s (no reference given)",
+            measurements=report,
+        )
+        benchplot.save(record, fig, args.results_dir)
+        return
+    rates = {"omnibert": [instances / s for s in ours], "reference": [instances / s for s in ref]}
+    ratios = [r / o for o, r in zip(ours, ref, strict=True)]
+    benchplot.save_throughput(
+        args.results_dir,
+        name,
+        title,
+        setup,
+        rates,
+        ratios,
+        extra=report,
+        unit="instances/s",
+        peer="reference",
+        notes=[f"Identical output: {report.get('identical')}; worker peak RSS "
+               f"{report['worker_peak_rss_mb']:.0f} MB; omnibert {tokens / min(ours):,.0f} "
+               "tokens/s (best round)."],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import benchplot
 import torch
 import transformers
 
@@ -168,6 +169,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--seed", type=int, default=0)
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
     args.precision, why = bench_precision(args.precision)
     print(f"precision {args.precision}: {why}", flush=True)
@@ -241,6 +243,21 @@ def main() -> None:
         f"{statistics.median(cpu_rates['omnibert']):.1f}, hf "
         f"{statistics.median(cpu_rates['hf']):.1f}; median ratio "
         f"{statistics.median(cpu_ratios):.3f}"
+    )
+    setup = (
+        f"BERT-{args.model}, seq {args.seq}, {args.predictions} masks, batch {args.batch}, "
+        f"{args.precision}, AdamW {args.adamw}, {torch.get_num_threads()} threads, "
+        f"transformers {transformers.__version__}"
+    )
+    benchplot.save_throughput(
+        args.results_dir,
+        f"pretrain-{args.model}-seq{args.seq}-{args.precision}",
+        "Pretraining step throughput against Hugging Face BertForPreTraining",
+        setup,
+        rates,
+        ratios,
+        extra={"per_cpu_second_ratios": cpu_ratios},
+        unit="real tokens/s",
     )
 
 

@@ -36,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import benchplot
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pin", action="store_true", help="pin the competitor to one CPU")
     parser.add_argument("--ablation", action="store_true", help="also each half alone")
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
     settings = SETTINGS + (ABLATION if args.ablation else ())
     from omnibert.threads import usable_cpus
@@ -134,14 +136,52 @@ def main() -> None:
                     state = "1 competitor" if loaded else "idle"
                     print(f"  round {r + 1}  {setting:<13}  {state:<12}  {rate:7.1f} seq/s",
                           flush=True)  # fmt: skip
+    rows = []
     for setting in settings:
         idle = statistics.median(results[(setting, False)])
         loaded = statistics.median(results[(setting, True)])
         print(f"{setting:<13}  idle {idle:7.1f} seq/s  with 1 competitor {loaded:7.1f} seq/s  "
               f"loaded/idle {loaded / idle:6.1%}  (median of {args.rounds})")  # fmt: skip
+        per_round = " / ".join(f"{v:.1f}" for v in results[(setting, True)])
+        rows.append([setting, f"{idle:.1f}", f"{loaded:.1f}", f"{loaded / idle:.1%}", per_round])
     ours = statistics.median(results[("omnibert", True)])
     before = statistics.median(results[("torch default", True)])
-    print(f"with 1 competitor: omnibert {ours / before:.2f}x torch default")
+    headline = f"with 1 competitor: omnibert {ours / before:.2f}x torch default"
+    print(headline)
+    fig = benchplot.bars(
+        f"demo training steps, {cpus} CPUs, competitor {'pinned' if args.pin else 'not pinned'}",
+        "sequences/s (median of rounds)",
+        list(settings),
+        {
+            "idle": [statistics.median(results[(s, False)]) for s in settings],
+            "with 1 competitor": [statistics.median(results[(s, True)]) for s in settings],
+        },
+    )
+    record = benchplot.Record(
+        name="shared_cpu",
+        title="Training on a CPU shared with a busy process: torch's defaults against omnibert's "
+        "threads and OpenMP wait policy",
+        headline=headline,
+        tables=[
+            benchplot.Table(
+                f"{args.steps} steps of the demo (bert-tiny, seq 128, batch 32), {source}; "
+                f"{cpus} usable CPUs ({how}); torch default threads {torch.get_num_threads()}",
+                [
+                    "setting",
+                    "idle seq/s",
+                    "with 1 competitor seq/s",
+                    "loaded/idle",
+                    "with 1 competitor, per round",
+                ],
+                rows,
+            )
+        ],
+        measurements={
+            f"{setting} {'loaded' if loaded else 'idle'}": values
+            for (setting, loaded), values in results.items()
+        },
+    )
+    benchplot.save(record, fig, args.results_dir)
 
 
 if __name__ == "__main__":

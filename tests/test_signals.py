@@ -230,8 +230,8 @@ def test_finetune_stops_in_one_line(bert_vocab_file: Path, tmp_path: Path) -> No
         code, lines = run.finish()
     assert code == 128 + signal.SIGTERM, "\n".join(lines)
     assert re.fullmatch(
-        r"omnibert-finetune: stopped by SIGTERM( at step \d+; fine-tuning does not resume: run "
-        r"the command again| before fine-tuning started)",
+        r"omnibert-finetune: stopped by SIGTERM( at step \d+; resume with ckpt_path=last| "
+        r"before fine-tuning started)",
         lines[-1],
     ), "\n".join(lines)
     _no_traceback(lines)

@@ -84,6 +84,13 @@ def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]
     if built.initialised_from:
         print(f"omnibert-train: initialised from {built.initialised_from}", flush=True)
     summary = fit(built)
+    if output_dir is not None and built.trainer.is_global_zero:
+        # the run's loss/accuracy/LR curves from the CSV logger, next to summary.json
+        from omnibert.reporting import write_curves
+
+        title = f"omnibert-train {summary['run_name']}: {summary['steps']} steps"
+        curves = write_curves(built.trainer.loggers, output_dir, title)
+        summary["curves"] = str(curves) if curves else None
     _print_summary(summary, output_dir)
     if output_dir is not None:
         _write_json(output_dir / "summary.json", summary)
@@ -126,6 +133,8 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
     lines.append(f"  checkpoints   {summary['checkpoint_dir']}")
     if output_dir is not None:
         lines.append(f"  summary       {output_dir / 'summary.json'}")
+    if "curves" in summary:
+        lines.append(f"  curves        {summary['curves'] or 'none (no csv logger)'}")
     print("\n".join(lines), flush=True)
 
 

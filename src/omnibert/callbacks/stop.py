@@ -5,7 +5,8 @@
 optimiser step, in ``on_train_batch_end`` of the step's last micro-batch: where a periodic
 ``every_n_train_steps`` checkpoint is written, so a checkpoint written here resumes exactly
 like those (bitwise on CPU, with the next batch). With a checkpoint callback it saves the
-step's ``step-*.ckpt`` and ``last.ckpt`` through it (unless it saved this step already), then
+step's ``step-*.ckpt`` and ``last.ckpt`` through it (unless it saved this step already; one
+that keeps no ``last.ckpt``, as fine-tuning's ``final.ckpt``, gets a ``last.ckpt`` beside), then
 raises :class:`~omnibert.stopping.Stopped`, which ends ``fit`` at once (Lightning's
 ``Trainer.should_stop`` would first run a whole validation, and its end-of-training saves
 would overwrite the checkpoint with one that resumes a new epoch) and reaches the app's
@@ -20,6 +21,7 @@ SIGTERM at all (not under submitit, whose own handler stays).
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -60,12 +62,17 @@ class StopAtSafePoint(pl.Callback):
         if not signum:
             return
         checkpointing: Any = trainer.checkpoint_callback
-        if checkpointing is not None and hasattr(checkpointing, "_save_last_checkpoint"):
+        if checkpointing is not None and getattr(checkpointing, "save_last", False):
             if getattr(checkpointing, "_last_global_step_saved", -1) != trainer.global_step:
                 candidates = checkpointing._monitor_candidates(trainer)
                 checkpointing._save_topk_checkpoint(trainer, candidates)
                 checkpointing._save_last_checkpoint(trainer, candidates)
             self.checkpoint = checkpointing.last_model_path or None
+        elif checkpointing is not None:  # no last.ckpt of its own (fine-tuning: final.ckpt)
+            dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
+            path = Path(str(dirpath)) / "last.ckpt"
+            trainer.save_checkpoint(path)
+            checkpointing.last_model_path = self.checkpoint = str(path)
         hint = self.hint
         if hint is None:
             hint = "resume with ckpt_path=last" if self.checkpoint else ""

@@ -1,0 +1,1 @@
+"""Pages of the documentation site generated at build time (``mkdocs_hooks.py`` calls them)."""
