@@ -181,6 +181,7 @@ def _damaged_message(message: str, key: str, folder: Path) -> None:
     assert f"{key}={folder / 'last.ckpt'} is damaged: a torch checkpoint of " in message
     assert "cut short or overwritten" in message
     assert "written by omnibert-train" not in message  # what it used to say
+    assert "\n" not in message and "If you are seeing" not in message  # torch's advice cut
     assert message.endswith(
         f"the checkpoint step-00000006.ckpt beside it is intact: pass "
         f"{key}={folder / 'step-00000006.ckpt'}"

@@ -46,7 +46,10 @@ def _root(err: BaseException) -> str:
     while err.__cause__ is not None:
         err = err.__cause__
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+    if not text:
+        return type(err).__name__
+    first = text[0].split(". ", 1)[0].rstrip(".")  # torch adds sentences of advice
+    return f"{type(err).__name__}: {first}"
 
 
 def unreadable_checkpoint(key: str, path: str | Path, err: BaseException) -> str:
