@@ -207,8 +207,10 @@ def prepare(cfg: DictConfig) -> Prepared:
     from omnibert.finetune.tokenizer import build_tokenizer
     from omnibert.run.checks import resolve_ckpt_path
     from omnibert.run.finetune_init import load_encoder_source
+    from omnibert.run.target_types import check_target_types
 
     c, recipe = inputs.c, inputs.recipe
+    check_target_types(c)
     plugin = build_plugin(cfg.accelerator)
     plugin.check_precision(str(c["trainer"].get("precision")))
     if plugin.name == "ipu":
@@ -318,6 +320,14 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
         max_steps=prepared.total_steps,
         max_epochs=inputs.recipe["epochs"],
         accumulate_grad_batches=inputs.accumulate,
+        # at most the micro-batches of an epoch: Lightning warns about a longer interval
+        log_every_n_steps=max(
+            1,
+            min(
+                int(c["trainer"].get("log_every_n_steps") or 50),
+                -(-len(datamodule.dataset) // inputs.micro_batch_size),
+            ),
+        ),
         limit_val_batches=0,
     )
     return Run(prepared, task, trainer, datamodule, new)

@@ -119,7 +119,11 @@ def quiet_third_party_deprecations() -> None:
     calling torch's deprecated APIs, not from omnibert (matched by message and by the
     module the warning is attributed to, nothing else): torchdata's ``StatefulDataLoader``
     calls ``torch.set_vital`` (torchdata 0.11), Lightning's ``_pytree`` builds a
-    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10)."""
+    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10). And each Lightning log line once
+    (:func:`omnibert.logs.single_lightning_output`)."""
+    from omnibert.logs import single_lightning_output
+
+    single_lightning_output()
     warnings.filterwarnings(
         "ignore", message=r"'set_vital' is deprecated", category=UserWarning,
         module=r"torchdata\.stateful_dataloader",
@@ -135,9 +139,11 @@ def prepare(cfg: DictConfig) -> Prepared:
     quiet_third_party_deprecations()
     from omnibert.run.profiling import check_profile
     from omnibert.run.slurm import check_slurm_layout
+    from omnibert.run.target_types import check_target_types
 
     c = resolve(cfg)
-    for name in ("output_root", "checkpoint_dir"):  # before any data is read
+    check_target_types(c)  # trainer.max_epochs=abc: named before anything is built
+    for name in ("output_root", "checkpoint_dir", "log_dir"):  # before any data is read
         if c["paths"].get(name) is not None:
             check_writable_dir(c["paths"][name], f"paths.{name}")
     plugin, environment = _plugin(cfg)
@@ -147,13 +153,30 @@ def prepare(cfg: DictConfig) -> Prepared:
     batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
     plan = dataclasses.replace(
-        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
+        plan_run(c, datamodule, batch),
+        micro_batch_choice=choice.reason,
+        threads=threads,
+        attention=_plan_attention(c, plugin.name),
     )
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
         check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
     profile = check_profile(c)
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
+
+
+def _plan_attention(c: dict[str, Any], accelerator: str) -> str:
+    """The attention backend the run uses on this accelerator (model.config.attention: auto
+    resolved), refused before compute where it cannot train (e.g. flex on the CPU)."""
+    from omnibert.models.attention import plan_attention
+
+    model = c["model"]["config"]
+    return plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
+        str(model.get("attention", "auto")),
+        {"gpu": "cuda"}.get(accelerator, accelerator),
+        float(model["attention_probs_dropout_prob"]),
+        int(c["phase"]["max_seq_length"]),
+    )
 
 
 def _batch_and_data(
@@ -204,7 +227,15 @@ def _batch_and_data(
     datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.eval_micro_batch_size = batch.eval_micro_batch_size
     if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
-        batch = packed_batch_plan(batch, datamodule.sequences_per_row, batch.micro_batch_size)
+        # a micro batch the user set is kept; one chosen here for unpacked rows (at most the
+        # per-device batch) is only an upper bound: the step holds global / sequences-per-row
+        # rows, not micro × devices rows of up to K sequences each
+        batch = packed_batch_plan(
+            batch,
+            datamodule.sequences_per_row,
+            requested,
+            max_micro_batch_size=None if requested is not None else batch.micro_batch_size,
+        )
         datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.check()
     return batch, datamodule, choice

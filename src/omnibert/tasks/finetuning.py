@@ -31,6 +31,7 @@ from omnibert.models.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
 )
+from omnibert.optim.sharding import attach_shard_group
 from omnibert.tasks.pretraining import plain
 
 __all__ = ["FineTuningTask", "QuestionAnsweringTask", "SequenceClassificationTask"]
@@ -108,6 +109,8 @@ class FineTuningTask(pl.LightningModule):
         optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
             self.model.named_parameters()
         )
+        # FSDP1 (accelerator.strategy=fsdp): LAMB sums its norms over the shards' ranks
+        attach_shard_group(optimizer, self._trainer.model if self._trainer is not None else None)
         if self.hparams["schedule"] is None:
             return optimizer
         total = self.hparams.get("total_steps") or int(self.trainer.max_steps)
