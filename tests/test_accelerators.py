@@ -125,12 +125,14 @@ def test_gpu_without_cuda_stops_with_one_sentence():
     assert message.count(". ") == 0 and message.endswith(".")
 
 
-def test_gpu_fsdp_refuses_lamb_and_keeps_adamw():
+def test_gpu_fsdp_takes_omnibert_lamb_and_adamw_and_refuses_vendor_lamb():
+    """omnibert's Lamb sums its norms over shards (tests/test_lamb_sharded.py); a vendor
+    LAMB would take them per shard."""
     plugin = GPUPlugin(strategy="fsdp")
-    with pytest.raises(AcceleratorError, match=r"strategy=fsdp .* optimizer=adamw"):
-        plugin.check_optimizer({"_target_": "omnibert.optim.Lamb", "lr": 1e-3})
+    plugin.check_optimizer({"_target_": "omnibert.optim.Lamb", "lr": 1e-3})
     plugin.check_optimizer({"_target_": "omnibert.optim.AdamW", "lr": 1e-3})
-    GPUPlugin().check_optimizer({"_target_": "omnibert.optim.Lamb", "lr": 1e-3})
+    with pytest.raises(AcceleratorError, match=r"strategy=fsdp .* optimizer=lamb or"):
+        plugin.check_optimizer({"_target_": "omnibert.optim.vendor.habana_lamb", "lr": 1e-3})
 
 
 @pytest.mark.parametrize(

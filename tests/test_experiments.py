@@ -55,7 +55,18 @@ FINETUNE = {"squad_bert_base": ("squad", 3, 5e-5, 32), "mrpc_bert_base": ("mrpc"
 
 
 def test_every_experiment_is_listed_here():
-    assert set(group_options("experiment")) == set(RECIPES) | SMALL | set(FINETUNE)
+    assert set(group_options("experiment")) == set(RECIPES) | SMALL | set(FINETUNE) | {"glue"}
+
+
+def test_the_glue_suite_sweeps_every_glue_task_over_three_seeds():
+    import omnibert.conf
+    from omegaconf import OmegaConf
+
+    path = Path(omnibert.conf.__file__).parent / "experiment" / "glue.yaml"
+    params = OmegaConf.load(path).hydra.sweeper.params
+    tasks = params.task.split(",")
+    assert tasks == ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]
+    assert set(tasks) <= set(group_options("task")) and params.seed == "1,2,3"
 
 
 @pytest.mark.parametrize("name", sorted(FINETUNE))

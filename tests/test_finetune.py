@@ -1,7 +1,7 @@
 """omnibert-finetune end to end from the real MiniLM checkpoint on template data in the official
 formats (SQuAD v1.1 JSON, GLUE MRPC TSV): the loss falls, the metrics beat the trivial
 baselines computed from the same files, summary.json equals the official definitions
-recomputed here from predictions.json / MRPC.tsv; omnibert-predict answers from the run; the
+recomputed here from eval/predictions.json / eval/validation.tsv; omnibert-predict answers from the run; the
 model's logits and answers equal Hugging Face's BertForQuestionAnswering on the same weights."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_squad_from_minilm_learns_and_reports_the_official_metrics(squad_run):
     assert summary["new_keys"] == ["qa_outputs.weight", "qa_outputs.bias"]
     assert summary["train_loss_last"] < 0.6 * summary["train_loss_first"]
     data = json.loads(dev.read_text())["data"]
-    predictions = json.loads((run_dir / "predictions.json").read_text())
+    predictions = json.loads((run_dir / "eval" / "predictions.json").read_text())
     assert set(predictions) == {qa["id"] for a in data for p in a["paragraphs"] for qa in p["qas"]}
     em, f1 = official_squad(data, predictions)
     on_disk = json.loads((run_dir / "summary.json").read_text())
@@ -98,7 +98,7 @@ def test_predict_answers_one_question_and_a_file_as_the_run_did(squad_run, tmp_p
     out = tmp_path / "preds.json"
     result = predict.run(compose("predict", [f"ckpt={run_dir}", f"input_file={dev}", f"out={out}"]))
     assert json.loads(out.read_text()) == json.loads(
-        (Path(run_dir) / "predictions.json").read_text()
+        (Path(run_dir) / "eval" / "predictions.json").read_text()
     )
     assert result["f1"] == pytest.approx(summary["f1"])
     para = json.loads(dev.read_text())["data"][0]["paragraphs"][0]
@@ -163,7 +163,7 @@ def test_mrpc_from_minilm_beats_the_majority_class(tmp_path):
     assert summary["new_keys"] == ["classifier.weight", "classifier.bias"]
     assert summary["train_loss_last"] < summary["train_loss_first"]
     labels = [int(line.split("\t")[0]) for line in dev.read_text().splitlines()[1:]]
-    lines = (Path(summary["run_dir"]) / "MRPC.tsv").read_text().splitlines()
+    lines = (Path(summary["run_dir"]) / "eval" / "validation.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction"
     assert [int(line.split("\t")[0]) for line in lines[1:]] == list(range(len(labels)))
     preds = [int(line.split("\t")[1]) for line in lines[1:]]

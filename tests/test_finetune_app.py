@@ -88,7 +88,7 @@ def test_every_init_from_loads_the_encoder_and_a_fresh_head(kind, tiny_hf, mrpc_
         assert torch.equal(state[f"model.bert.{name}"], tensor), name
     head = state["model.classifier.weight"]
     assert head.abs().max() > 0 and 0.005 < head.std() < 0.05  # N(0, 0.02²)
-    assert (Path(summary["run_dir"]) / "MRPC.tsv").is_file()
+    assert (Path(summary["run_dir"]) / "eval" / "validation.tsv").is_file()
 
 
 def test_bad_inputs_are_one_sentence_naming_the_file_or_key(tmp_path, tiny_hf):
@@ -97,10 +97,9 @@ def test_bad_inputs_are_one_sentence_naming_the_file_or_key(tmp_path, tiny_hf):
     no_data.write_text(json.dumps({"version": "1.1", "articles": []}))
     base = [f"model.init_from={tiny_hf}", f"paths.output_root={tmp_path / 'runs'}"]
     cases = {
-        "data.train_file is not set": ["task=squad"],
         f"data.train_file={tsv} is not JSON": ["task=squad", f"data.train_file={tsv}"],
         'has no top-level "data" list': ["task=squad", f"data.train_file={no_data}"],
-        "does not start with GLUE's MRPC header": ["task=mrpc", f"data.train_file={no_data}"],
+        "is not task=mrpc's GLUE TSV": ["task=mrpc", f"data.train_file={no_data}"],
         "data.eval_file=missing.tsv does not exist": [
             "task=mrpc", f"data.train_file={tsv}", "data.eval_file=missing.tsv"],
     }  # fmt: skip

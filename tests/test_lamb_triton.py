@@ -1,8 +1,9 @@
-"""Triton LAMB kernel parity with the torch reference, on CPU through TRITON_INTERPRET=1.
+"""The multi-tensor Triton LAMB against the float64 oracle of apex's rules, on CPU through
+``TRITON_INTERPRET=1`` (default suite) and on CUDA (``-m gpu``).
 
-This checks the kernel's maths and indexing only; speed and real-GPU behaviour need a CUDA
-device (``scripts/bench_lamb.py --device cuda``). Triton reads TRITON_INTERPRET when it is
-first imported, so the parity checks in ``lamb_triton_interpreted.py`` run in a subprocess.
+The interpreter checks the kernels' maths, chunking and table indexing, not their speed
+(``scripts/bench_lamb.py --device cuda`` measures that). Triton reads ``TRITON_INTERPRET`` when
+it is first imported, so those checks (``lamb_triton_interpreted.py``) run in a subprocess.
 """
 
 from __future__ import annotations
@@ -14,30 +15,41 @@ from pathlib import Path
 
 import pytest
 import torch
-from lamb_triton_cases import _batch, _run_triton
+from lamb_triton_cases import check_trajectory
 
-from omnibert.optim.lamb_math import reference_update
+from omnibert.optim import Lamb
 
 CHECKS = Path(__file__).with_name("lamb_triton_interpreted.py")
 
 
-def test_triton_parity_under_the_interpreter() -> None:
+def test_multi_tensor_lamb_under_the_triton_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     out = subprocess.run(
-        [*cmd, str(CHECKS)], env=env, capture_output=True, text=True, timeout=600, check=False
+        [*cmd, str(CHECKS)],
+        env=env,
+        cwd=CHECKS.parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "5 passed" in out.stdout
+    assert "8 passed" in out.stdout
+
+
+def test_chunk_size_must_be_a_power_of_two() -> None:
+    with pytest.raises(ValueError, match="triton_chunk_size=1000 must be a power of two"):
+        Lamb([torch.nn.Parameter(torch.zeros(3))], triton_chunk_size=1000)
 
 
 @pytest.mark.gpu
-def test_triton_on_cuda_matches_reference() -> None:
-    ref = _batch()
-    dev = _batch()
-    for field in ("params", "grads", "exp_avgs", "exp_avg_sqs"):
-        setattr(dev, field, [t.cuda() for t in getattr(dev, field)])
-    reference_update(ref, torch.tensor(0.5))
-    _run_triton(dev, torch.tensor(0.5, device="cuda"))
-    for a, b in zip(ref.params, dev.params, strict=True):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("grad_scale", [0.01, 10.0], ids=["clip-inactive", "clip-active"])
+def test_multi_tensor_lamb_on_cuda_matches_the_float64_oracle(grad_scale) -> None:
+    opt = check_trajectory("cuda", grad_scale, max_grad_norm=1.0)
+    assert opt.resolve_impl() == "triton"
+
+
+@pytest.mark.gpu
+def test_auto_picks_the_multi_tensor_kernel_on_cuda() -> None:
+    assert Lamb([torch.nn.Parameter(torch.zeros(3, device="cuda"))]).resolve_impl() == "triton"

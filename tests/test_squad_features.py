@@ -1,13 +1,12 @@
 """SQuAD windows and answers on the real uncased vocab: labels through offsets, a stride
 boundary, several windows, max-context scoring, unicode / odd whitespace, several gold
-answers and a question whose answer no window holds; GLUE MRPC reading (QUOTE_NONE)."""
+answers and a question whose answer no window holds (GLUE reading: test_glue_data.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from omnibert.finetune.glue import pair_features, read_mrpc
 from omnibert.finetune.squad import (
     SquadExample,
     best_answers,
@@ -15,7 +14,7 @@ from omnibert.finetune.squad import (
     squad_features,
     windows,
 )
-from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer, vocab_is_uncased
+from omnibert.finetune.tokenizer import build_tokenizer, vocab_is_uncased
 
 
 @pytest.fixture(scope="module")
@@ -116,21 +115,3 @@ def test_several_gold_answers_read_and_training_uses_the_first(tmp_path, tok):
     assert len(examples[0].answers) == 2
     feats = squad_features(examples, tok, max_seq_length=96, training=True)
     assert labelled_text(examples[0], feats, 0) == text
-
-
-def test_mrpc_reads_bare_quotes_as_text(tmp_path, tok):
-    path = tmp_path / "train.tsv"
-    path.write_text(
-        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-        '1\t1\t2\t"Quoted, he said.\tHe said "quoted\n'
-        "0\t3\t4\tA.\tC.\n"
-    )
-    pairs = read_mrpc(path, "data.train_file", training=True)
-    assert [p.first for p in pairs] == ['"Quoted, he said.', "A."]
-    assert [p.label for p in pairs] == [1, 0]
-    feats = pair_features(pairs, tok, max_seq_length=8)
-    assert feats["input_ids"][:, 0].tolist() == [tok.token_to_id("[CLS]")] * 2
-    assert feats["attention_mask"].sum(1).tolist() == [8, 7]  # cut longest-first to 8
-    with pytest.raises(FineTuneInputError, match=r"without labels"):
-        path.write_text("index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\ta\tb\n")
-        read_mrpc(path, "data.train_file", training=True)

@@ -1,11 +1,10 @@
 """SQuAD v1.1 EM/F1 by the official evaluate-v1.1.py rules, on hand-computed cases (one where
-torchmetrics' SQuAD metric would differ), and MRPC accuracy / F1 by their definitions."""
+torchmetrics' SQuAD metric would differ); the GLUE metrics: test_glue_metrics.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from omnibert.finetune.glue import accuracy_f1
 from omnibert.finetune.squad_metric import f1, normalize_answer, score_question, squad_scores
 
 
@@ -45,10 +44,3 @@ def test_best_over_gold_answers_and_average_over_all_questions():
     assert scores["exact_match"] == pytest.approx(100 / 3)
     assert scores["f1"] == pytest.approx(100 * (1 + 2 / 3) / 3)
     assert scores["questions"] == 3 and scores["unanswered"] == 1
-
-
-def test_mrpc_accuracy_and_positive_class_f1_by_hand():
-    # tp=2 (idx 0,1), fp=1 (idx 2), fn=1 (idx 3), tn=1 (idx 4): acc 3/5, F1 = 4/(4+1+1)
-    result = accuracy_f1([1, 1, 1, 0, 0], [1, 1, 0, 1, 0])
-    assert result == {"accuracy": pytest.approx(0.6), "f1": pytest.approx(4 / 6)}
-    assert accuracy_f1([0, 0], [0, 0])["f1"] == 0.0

@@ -1,16 +1,30 @@
-"""Fused LAMB for CUDA in Triton: two passes over memory per tensor.
+"""Multi-tensor LAMB in Triton: every parameter tensor of every group in four launches per step.
 
-* ``_lamb_pass1``: read ``g, p, m, v`` (any float dtype for ``g``/``p``, fp32 ``m``/``v``),
-  write the new ``m, v``, and add each block's partial ``Σu²`` and ``Σp²`` into a per-tensor
-  fp32 accumulator (atomics, so the summation order is not fixed from run to run);
-* trust ratios for all tensors at once (a few torch ops on a ``[T, 2]`` tensor, no sync);
-* ``_lamb_pass2``: read ``m, v, p``, recompute the update ``u`` and write ``p`` (rounded to its
-  own dtype, so bf16/fp16 parameters without fp32 masters work too).
+Like apex's ``multi_tensor_apply``, the tensors are cut into chunks of ``chunk_size`` elements
+(a tensor of 100 elements is one chunk, one of 23M is 358 chunks of 65,536) and each Triton
+program handles one chunk, finding its tensor's addresses in a pointer table. A step is
 
-The maths is the reference's (``omnibert.optim.lamb_math.reference_update``; parity tests in
-``tests/test_lamb_triton.py`` run under ``TRITON_INTERPRET=1`` on CPU). One launch per tensor
-per pass: ~2 launches per parameter tensor, 412 for BERT-base, each moving megabytes.
-``triton`` is imported lazily by :func:`triton_available` / :func:`lamb_update`.
+1. ``_grad_sumsq``: per chunk, ``Σg²`` into a buffer; the global gradient norm is the sum of
+   that buffer (one torch reduction: apex clips with it inside the step);
+2. ``_moments``: per chunk, the clip factor from that norm, ``m, v`` updated in place, the
+   update ``u`` computed and ``Σu²``, ``Σp²`` written per chunk (``p`` before the update);
+3. ``_segment_sums``: per tensor, its chunks' partial sums added in chunk order (a segmented
+   reduction, deterministic: no atomics), giving ``‖u‖², ‖p‖²`` per tensor;
+4. ``_apply``: per chunk, the trust ratio from its tensor's norms, ``u`` recomputed from
+   ``m, v, p`` (cheaper than storing it) and ``p ← p − lr·r·u``; where the optimiser keeps an
+   fp32 master copy of a bf16/fp16 parameter, the rounded value is written to the model's
+   tensor in the same pass.
+
+Between 1 and 2 and between 3 and 4 the sums are plain device tensors, so a sharded run
+(FSDP: each rank holds part of every tensor) all-reduces them there (the ``all_reduce``
+argument) and gets whole-tensor norms. Memory traffic for fp32 tensors: 4 (norm) + 24 (moments)
++ 16 (apply) = 44 bytes per parameter, with no temporaries.
+
+Per-group hyperparameters (lr, betas, eps, bias corrections, the weight-norm clamp) live in a
+small table uploaded each step; per-tensor weight decay and trust-ratio flags in another. The
+maths is apex ``FusedLAMB``'s as stated in docs/lamb.md (``omnibert.optim.lamb_math`` is the
+torch statement; tests compare both with a float64 reference under ``TRITON_INTERPRET=1``).
+``triton`` is imported lazily, on the first step.
 """
 
 from __future__ import annotations
@@ -18,15 +32,21 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-BLOCK_SIZE = 2048
-# coefficient vector layout shared with the kernels
-_INV_CLIP, _B1, _B3, _B2, _OMB2, _INV_BC1, _INV_SQRT_BC2, _EPS = range(8)
+#: elements per chunk (one Triton program) and per inner block on a GPU
+CHUNK_SIZE = 65536
+BLOCK_SIZE = 1024
+# dtype codes in the pointer table (Triton pointers are typed: the kernels branch on these)
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# columns of the per-group coefficient table
+_LR, _B1, _B3, _B2, _OMB2, _INV_BC1, _INV_SQRT_BC2, _EPS, _MAX_WNORM = range(9)
+_NCOEF = 9
 
 
 def triton_available(device: torch.device | None = None) -> bool:
@@ -40,133 +60,188 @@ def triton_available(device: torch.device | None = None) -> bool:
     return device is not None and device.type == "cuda" and torch.cuda.is_available()
 
 
+@dataclass
+class GroupCoefficients:
+    """One parameter group's numbers for this step (apex names; bias corrections resolved)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    beta3: float
+    bias_correction1: float
+    bias_correction2: float
+    eps: float
+    max_weight_norm: float | None
+
+    def row(self) -> list[float]:
+        return [
+            self.lr,
+            self.beta1,
+            self.beta3,
+            self.beta2,
+            1.0 - self.beta2,
+            1.0 / self.bias_correction1,
+            1.0 / math.sqrt(self.bias_correction2),
+            self.eps,
+            math.inf if self.max_weight_norm is None else self.max_weight_norm,
+        ]
+
+
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
-    import triton
-    import triton.language as tl
+def kernels() -> dict[str, Any]:
+    """The four ``@triton.jit`` kernels (imported on first use; wrap them to count launches)."""
+    from omnibert_kernels import lamb_triton_jit as jit
 
-    @triton.jit
-    def _lamb_pass1(
-        g_ptr,
-        p_ptr,
-        m_ptr,
-        v_ptr,
-        coef_ptr,
-        sums_ptr,
-        index,
-        n,
-        decay,
-        DECAY: tl.constexpr,
-        L2: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        g = g * tl.load(coef_ptr + 0)
-        if DECAY and L2:
-            g = g + decay * p
-        m = m * tl.load(coef_ptr + 1) + g * tl.load(coef_ptr + 2)
-        v = v * tl.load(coef_ptr + 3) + g * g * tl.load(coef_ptr + 4)
-        u = (m * tl.load(coef_ptr + 5)) / (
-            tl.sqrt(v) * tl.load(coef_ptr + 6) + tl.load(coef_ptr + 7)
-        )
-        if DECAY and not L2:
-            u = u + decay * p
-        u = tl.where(mask, u, 0.0)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        tl.atomic_add(sums_ptr + 2 * index, tl.sum(u * u, axis=0))
-        tl.atomic_add(sums_ptr + 2 * index + 1, tl.sum(p * p, axis=0))
-
-    @triton.jit
-    def _lamb_pass2(
-        p_ptr,
-        m_ptr,
-        v_ptr,
-        coef_ptr,
-        scale_ptr,
-        index,
-        n,
-        decay,
-        DECAY: tl.constexpr,
-        L2: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        p_raw = tl.load(p_ptr + offs, mask=mask, other=0.0)
-        p = p_raw.to(tl.float32)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        u = (m * tl.load(coef_ptr + 5)) / (
-            tl.sqrt(v) * tl.load(coef_ptr + 6) + tl.load(coef_ptr + 7)
-        )
-        if DECAY and not L2:
-            u = u + decay * p
-        p = p + u * tl.load(scale_ptr + index)
-        tl.store(p_ptr + offs, p.to(p_raw.dtype), mask=mask)
-
-    return _lamb_pass1, _lamb_pass2
+    return {
+        "grad_sumsq": jit.grad_sumsq,
+        "moments": jit.moments,
+        "segment_sums": jit.segment_sums,
+        "apply": jit.apply,
+    }
 
 
-def lamb_update(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    exp_avg_sqs: Sequence[Tensor],
-    decays: Sequence[float],
-    adapt: Sequence[bool],
-    *,
-    inv_clip: Tensor,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    beta3: float,
-    bias_corrections: tuple[float, float],
-    eps: float,
-    adam_w_mode: bool,
-    max_weight_norm: float | None,
-) -> None:
-    """One LAMB step for one parameter group (apex rules, see docs/lamb.md), in place.
+def chunk_table(numels: Sequence[int], chunk_size: int) -> tuple[list[list[int]], list[int]]:
+    """Apex-style chunks: ``(tensor index, start element, length)`` columns, tensor by tensor,
+    and the first chunk of each tensor (``len(numels) + 1`` entries; empty tensors get none)."""
+    tensors: list[int] = []
+    starts: list[int] = []
+    first = [0]
+    for t, n in enumerate(numels):
+        for start in range(0, n, chunk_size):
+            tensors.append(t)
+            starts.append(start)
+        first.append(len(tensors))
+    lengths = [min(chunk_size, numels[t] - s) for t, s in zip(tensors, starts, strict=True)]
+    return [tensors, starts, lengths], first
 
-    Tensors must be contiguous; ``exp_avgs``/``exp_avg_sqs`` fp32; ``params`` fp32/bf16/fp16.
+
+class MultiTensorLamb:
+    """The launcher: builds and caches the tables, runs the four kernels for one step.
+
+    Args:
+        chunk_size: elements per Triton program (apex uses 65,536 for LAMB), a power of two
+            of at least 16; each program loops over blocks of ``min(1024, chunk_size / 4)``.
     """
-    if not params:
-        return
-    pass1, pass2 = _kernels()
-    device = params[0].device
-    bc1, bc2 = bias_corrections
-    coef = torch.tensor(
-        [0.0, beta1, beta3, beta2, 1.0 - beta2, 1.0 / bc1, 1.0 / math.sqrt(bc2), eps],
-        dtype=torch.float32,
-        device=device,
-    )
-    coef[_INV_CLIP] = inv_clip
-    sums = torch.zeros(len(params), 2, dtype=torch.float32, device=device)
-    l2 = not adam_w_mode
-    for i, (p, g, m, v, d) in enumerate(
-        zip(params, grads, exp_avgs, exp_avg_sqs, decays, strict=True)
-    ):
-        n = p.numel()
-        grid = (triton_cdiv(n, BLOCK_SIZE),)
-        pass1[grid](g, p, m, v, coef, sums, i, n, float(d), d != 0, l2, BLOCK=BLOCK_SIZE)
-    norms = sums.sqrt()
-    update_norms, param_norms = norms[:, 0], norms[:, 1]
-    if max_weight_norm is not None:
-        param_norms = torch.clamp(param_norms, max=max_weight_norm)
-    ok = torch.tensor(list(adapt), device=device) & (param_norms != 0) & (update_norms != 0)
-    ratio = torch.where(ok, param_norms / torch.where(ok, update_norms, 1.0), 1.0)
-    scale = (ratio * (-lr)).contiguous()
-    for i, (p, m, v, d) in enumerate(zip(params, exp_avgs, exp_avg_sqs, decays, strict=True)):
-        n = p.numel()
-        grid = (triton_cdiv(n, BLOCK_SIZE),)
-        pass2[grid](p, m, v, coef, scale, i, n, float(d), d != 0, l2, BLOCK=BLOCK_SIZE)
 
+    def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
+        if chunk_size < 16 or chunk_size & (chunk_size - 1):
+            raise ValueError(f"chunk_size={chunk_size} must be a power of two >= 16.")
+        self.chunk_size = chunk_size
+        self.block = min(BLOCK_SIZE, chunk_size // 4)
+        self._layout_key: tuple[Any, ...] | None = None
+        self._layout: dict[str, Tensor] = {}
+        self._ptr_key: tuple[int, ...] | None = None
+        self._ptrs: Tensor | None = None
 
-def triton_cdiv(a: int, b: int) -> int:
-    """Ceiling division (kept here so callers need not import triton)."""
-    return -(-a // b)
+    def _tables(
+        self,
+        params: Sequence[Tensor],
+        device: torch.device,
+        tensor_group: Sequence[int],
+        decays: Sequence[float],
+        adapt: Sequence[bool],
+    ) -> dict[str, Tensor]:
+        numels = [p.numel() for p in params]
+        key = (device, tuple(numels), tuple(tensor_group), tuple(decays), tuple(adapt))
+        if key != self._layout_key:
+            columns, first = chunk_table(numels, self.chunk_size)
+            self._layout = {
+                "chunks": torch.tensor(columns, dtype=torch.int64, device=device).contiguous(),
+                "first": torch.tensor(first, dtype=torch.int64, device=device),
+                "group": torch.tensor(list(tensor_group), dtype=torch.int64, device=device),
+                "decay": torch.tensor(list(decays), dtype=torch.float32, device=device),
+                "adapt": torch.tensor([int(a) for a in adapt], dtype=torch.int32, device=device),
+            }
+            self._layout_key = key
+        return self._layout
+
+    def _pointers(self, rows: Sequence[Sequence[Tensor | None]], device: torch.device) -> Tensor:
+        """``[5, T]`` addresses (g, p, m, v, mirror) and ``[5, T]`` dtype codes, as one tensor."""
+        for x in (x for row in rows for x in row):
+            if x is not None and x.dtype not in _DTYPE_CODES:
+                raise ValueError(f"MultiTensorLamb handles fp32/bf16/fp16 tensors, not {x.dtype}.")
+        addrs = [[0 if x is None else x.data_ptr() for x in row] for row in rows]
+        codes = [[0 if x is None else _DTYPE_CODES[x.dtype] for x in row] for row in rows]
+        key = tuple(a for row in addrs for a in row) + tuple(c for row in codes for c in row)
+        if key != self._ptr_key or self._ptrs is None:
+            self._ptrs = torch.tensor(addrs + codes, dtype=torch.int64, device=device)
+            self._ptr_key = key
+        return self._ptrs
+
+    def step(
+        self,
+        params: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        exp_avgs: Sequence[Tensor],
+        exp_avg_sqs: Sequence[Tensor],
+        *,
+        tensor_group: Sequence[int],
+        decays: Sequence[float],
+        adapt: Sequence[bool],
+        groups: Sequence[GroupCoefficients],
+        adam_w_mode: bool,
+        max_grad_norm: float | None,
+        mirrors: Sequence[Tensor | None] | None = None,
+        all_reduce: Callable[[Tensor], None] | None = None,
+    ) -> Tensor:
+        """One LAMB step over all tensors, in place; returns the global gradient norm (0-d).
+
+        ``params`` are updated (fp32, or bf16/fp16 without a master copy); ``grads`` any float
+        dtype; ``exp_avgs``/``exp_avg_sqs`` fp32; all contiguous and on one device.
+        ``mirrors[i]``, where given, is the bf16/fp16 model tensor that receives ``params[i]``
+        rounded. ``all_reduce`` sums a tensor in place over the ranks that share the
+        parameters (sharded training); it is called twice, on the ``[1]`` squared gradient
+        norm and on the ``[T, 2]`` squared update and parameter norms.
+        """
+        if not params:
+            raise ValueError("MultiTensorLamb.step needs at least one tensor.")
+        device = params[0].device
+        for name, seq in (("params", params), ("grads", grads), ("exp_avgs", exp_avgs)):
+            if not all(x.is_contiguous() for x in seq):
+                raise ValueError(f"MultiTensorLamb needs contiguous {name}.")
+        k = kernels()
+        T = len(params)
+        mirrors = list(mirrors) if mirrors is not None else [None] * T
+        layout = self._tables(params, device, tensor_group, decays, adapt)
+        table = self._pointers([grads, params, exp_avgs, exp_avg_sqs, mirrors], device)
+        ptrs, codes = table[:5], table[5:]
+        coefs = torch.tensor([g.row() for g in groups], dtype=torch.float32).to(
+            device, non_blocking=True
+        )
+        chunks = layout["chunks"]
+        C = chunks.shape[1]
+        sizes = {"CHUNK": self.chunk_size, "BLOCK": self.block}
+        grad_sumsq = torch.empty(max(C, 1), dtype=torch.float32, device=device)
+        if C:
+            k["grad_sumsq"][(C,)](chunks, ptrs, codes, grad_sumsq, T, **sizes)
+        else:
+            grad_sumsq.zero_()
+        total = grad_sumsq[:C].sum().reshape(1)
+        if all_reduce is not None:
+            all_reduce(total)
+        threshold = 0.0 if max_grad_norm is None else float(max_grad_norm)
+        clip = threshold > 0
+        l2 = not adam_w_mode
+        partials = torch.empty(max(C, 1), 2, dtype=torch.float32, device=device)
+        if C:
+            k["moments"][(C,)](
+                *(chunks, ptrs, codes, layout["group"], layout["decay"], coefs, total),
+                *(partials, T, threshold if clip else 1.0),
+                L2=l2,
+                CLIP=clip,
+                NCOEF=_NCOEF,
+                **sizes,
+            )
+        sums = torch.empty(T, 2, dtype=torch.float32, device=device)
+        k["segment_sums"][(T,)](layout["first"], partials, sums)
+        if all_reduce is not None:
+            all_reduce(sums)
+        if C:
+            k["apply"][(C,)](
+                *(chunks, ptrs, codes, layout["group"], layout["decay"], layout["adapt"]),
+                *(coefs, sums, T),
+                L2=l2,
+                NCOEF=_NCOEF,
+                **sizes,
+            )
+        return total.sqrt().reshape(())

@@ -1,8 +1,10 @@
 """NVIDIA GPU: bf16/fp16 mixed precision, DDP (FSDP for large runs), optional ``torch.compile``.
 
-LAMB runs omnibert's own optimiser, whose ``impl: auto`` picks the Triton kernel from
-``omnibert_kernels`` on CUDA when Triton imports (else the foreach path); the plugin reports
-which one in the environment report and leaves the optimiser config unchanged.
+LAMB runs omnibert's own optimiser, whose ``impl: auto`` picks the multi-tensor Triton kernel
+from ``omnibert_kernels`` on CUDA when Triton imports (else the foreach path); the plugin
+reports which one in the environment report and leaves the optimiser config unchanged. Under
+``strategy: fsdp`` LAMB sums its per-tensor norms over the shards' ranks (the task hands it
+FSDP's process group: :mod:`omnibert.optim.sharding`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ from omnibert.accelerators.base import AcceleratorError, AcceleratorPlugin
 from omnibert.accelerators.cpu import compile_in_place
 from omnibert.accelerators.environment import sdk_present
 
-#: optimisers whose update is elementwise, so sharding a tensor across ranks does not change it
-_ELEMENTWISE = ("omnibert.optim.AdamW", "omnibert.optim.param_groups.AdamW", "torch.optim.AdamW")
+#: optimisers correct on FSDP shards: elementwise updates, and omnibert's LAMB, which sums
+#: its per-tensor and global norms over the shards' ranks (omnibert.optim.sharding)
+_SHARD_SAFE = (
+    "omnibert.optim.AdamW",
+    "omnibert.optim.param_groups.AdamW",
+    "torch.optim.AdamW",
+    "omnibert.optim.Lamb",
+    "omnibert.optim.lamb.Lamb",
+)
 
 
 class GPUPlugin(AcceleratorPlugin):
@@ -103,11 +112,11 @@ class GPUPlugin(AcceleratorPlugin):
 
     def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
         target = str(optimizer_cfg.get("_target_"))
-        if self.strategy == "fsdp" and target not in _ELEMENTWISE:
+        if self.strategy == "fsdp" and target not in _SHARD_SAFE:
             raise AcceleratorError(
-                f"accelerator.strategy=fsdp shards every tensor across ranks, so "
-                f"{target}'s per-tensor norms (LAMB's trust ratio) would be taken over shards; "
-                "use optimizer=adamw with FSDP or accelerator.strategy=ddp."
+                f"accelerator.strategy=fsdp shards every tensor across ranks, and {target} "
+                "is not known to compute its per-tensor norms over shards; use optimizer=lamb "
+                "or optimizer=adamw with FSDP, or accelerator.strategy=ddp."
             )
 
     def compile_model(self, model: nn.Module) -> nn.Module:
@@ -133,7 +142,9 @@ class GPUPlugin(AcceleratorPlugin):
             return "foreach"
         from omnibert_kernels.lamb_triton import triton_available
 
-        return "triton (omnibert_kernels)" if triton_available(self.device) else "foreach"
+        return (
+            "triton multi-tensor (omnibert_kernels)" if triton_available(self.device) else "foreach"
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,12 +1,13 @@
-"""``omnibert-finetune``: SQuAD v1.1 / GLUE MRPC fine-tuning, configured by
-``conf/finetune.yaml`` (the task's recipe in ``conf/task/<name>.yaml``).
+"""``omnibert-finetune``: SQuAD v1.1 and GLUE fine-tuning, configured by
+``conf/finetune.yaml`` (the task's recipe, data and metrics in ``conf/task/<name>.yaml``).
 
 Wiring only (the steps live in :mod:`omnibert.run.finetuning`, which tests call too): check
 the command line, the config and the data files before any heavy import (one sentence and
-exit code 2 on a problem) → load the checkpoint's encoder, fit, predict the eval file → print
-and write ``summary.json`` (+ ``predictions.json`` or ``MRPC.tsv``) in the run directory.
+exit code 2 on a problem) → load the checkpoint's encoder, fit, predict the eval splits →
+print and write ``summary.json`` (+ ``eval/``, ``submission/``) in the run directory.
 A ``-m`` sweep (``seed=1,2,3``) ends with Hydra's ``SweepReport``: each metric's median,
-mean, standard deviation, min and max over the jobs.
+mean, standard deviation, min and max over the jobs; a sweep over GLUE tasks
+(``experiment=glue``) adds the GLUE table (``glue_report.{md,json}``).
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    """One run; returns the main metric (SQuAD F1, MRPC accuracy) for a sweeper."""
+    """One run; returns its first metric (the task's ``task.data.metrics[0]``; for MNLI on
+    the matched set) for a sweeper."""
     summary = run_or_exit(cfg)
     metrics = summary.get("metrics") or {}
-    value = metrics.get("accuracy", metrics.get("f1"))
+    names = summary.get("metric_names") or []
+    value = next((v for k, v in metrics.items() if names and k.startswith(names[0])), None)
     return None if value is None else float(value)
 
 

@@ -54,7 +54,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         examples = read_squad(str(cfg.input_file), "input_file", training=False)
     plugin = build_plugin(cfg.accelerator)
     finetuned = load_finetuned(str(cfg.ckpt))
-    if finetuned.recipe["format"] != "squad":
+    if "doc_stride" not in finetuned.recipe:
         raise FineTuneInputError(
             f"ckpt={cfg.ckpt} is a {finetuned.recipe.get('name')} model; omnibert-predict "
             "answers questions with an omnibert-finetune task=squad model."

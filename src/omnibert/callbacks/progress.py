@@ -36,7 +36,8 @@ class ProgressLog(ProgressBar):
         every_n_steps: a line every this many optimiser steps ...
         every_seconds: ... or when this many seconds passed since the last line.
         sequences_per_step: sequences in one optimiser step (the plan's global batch) for
-            the seq/s column; set by ``omnibert-train``.
+            the seq/s column; set by the app (``omnibert-train``, ``omnibert-finetune``).
+        app: the name the lines start with.
     """
 
     def __init__(
@@ -44,8 +45,10 @@ class ProgressLog(ProgressBar):
         every_n_steps: int = 50,
         every_seconds: float = 30.0,
         sequences_per_step: float | None = None,
+        app: str = "omnibert-train",
     ) -> None:
         super().__init__()
+        self.app = app
         self.every_n_steps = max(1, int(every_n_steps))
         self.every_seconds = float(every_seconds)
         self.sequences_per_step = sequences_per_step
@@ -61,7 +64,7 @@ class ProgressLog(ProgressBar):
 
     def _print(self, trainer: pl.Trainer, text: str) -> None:
         if self._enabled and trainer.is_global_zero:
-            print(f"omnibert-train: {text}", file=sys.stdout, flush=True)
+            print(f"{self.app}: {text}", file=sys.stdout, flush=True)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         now = time.perf_counter()

@@ -1,93 +1,34 @@
-"""GLUE MRPC: the TSV files, sentence-pair features, accuracy / F1 and the submission file.
+"""GLUE: the nine tasks' data (Hub ``nyu-mll/glue`` or the original TSV files), features,
+predictions, metrics and submission files, configured per task by ``conf/task/<task>.yaml``
+(``task.data``: :class:`GlueData`).
 
-The files are GLUE's ``train.tsv`` / ``dev.tsv`` (header ``Quality  #1 ID  #2 ID  #1 String
-#2 String``, label 1 = paraphrase) or ``test.tsv`` (``index`` instead of ``Quality``, no
-labels). Sentences hold bare quote characters, so the files are read with
-``csv.QUOTE_NONE``: a ``"`` is text, never a field delimiter. A pair is
-``[CLS] #1 [SEP] #2 [SEP]``, cut longest-first to ``max_seq_length`` (BERT's
-``_truncate_seq_pair``). The submission is GLUE's ``MRPC.tsv``: ``index<TAB>prediction``
-under that header, one row per pair in file order.
+* **Columns** are the Hub's: ``sentence`` (CoLA, SST-2), ``sentence1``/``sentence2`` (MRPC,
+  STS-B, RTE, WNLI), ``question1``/``question2`` (QQP), ``premise``/``hypothesis`` (MNLI,
+  AX), ``question``/``sentence`` (QNLI), ``label`` (a class id, -1 in test splits; STS-B a
+  float score) and ``idx``.
+* **Features**: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, the pair cut longest-first to
+  ``max_seq_length`` (BERT's ``_truncate_seq_pair``), segment 1 on ``b``.
+* **Predictions**: the argmax class, or STS-B's regression output (``num_labels: 1``).
+* **Metrics**: :mod:`omnibert.finetune.glue_metrics`.
+* **Submission**: ``<Name>.tsv`` (``CoLA.tsv``, ``SST-2.tsv``, ``MNLI-m.tsv``, ``AX.tsv``, ...):
+  ``index<TAB>prediction`` under that header, the label written as the GLUE server takes it
+  (``task.data.submission_labels``: MNLI/AX/QNLI/RTE by name, the others by number; STS-B a
+  score, every digit).
 """
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from omnibert.finetune.glue_tsv import read_glue_tsv
+from omnibert.finetune.spec import Features, TaskData
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = [
-    "MRPC_HEADER",
-    "PairExample",
-    "accuracy_f1",
-    "pair_features",
-    "read_mrpc",
-    "write_submission",
-]
-
-MRPC_HEADER = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
-TEST_HEADER = ("index", "#1 ID", "#2 ID", "#1 String", "#2 String")
-
-
-@dataclass(frozen=True)
-class PairExample:
-    index: int
-    first: str
-    second: str
-    label: int | None
-
-
-def read_mrpc(path: str | Path, key: str, training: bool) -> list[PairExample]:
-    """The pairs of a GLUE MRPC TSV; one sentence naming ``key`` and the fix when the file is
-    missing or not MRPC-shaped (training needs labels)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FineTuneInputError(
-            f"{key}={path} does not exist; download GLUE MRPC (README: Fine-tuning and "
-            "inference) or point it at its train.tsv / dev.tsv."
-        )
-    try:
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    except UnicodeDecodeError as err:
-        raise FineTuneInputError(f"{key}={path} is not UTF-8 text; pass GLUE's MRPC TSV.") from err
-    header = tuple(rows[0]) if rows else ()
-    if header not in (MRPC_HEADER, TEST_HEADER):
-        raise FineTuneInputError(
-            f"{key}={path} does not start with GLUE's MRPC header ({', '.join(MRPC_HEADER)}, "
-            "tab-separated); task=mrpc reads GLUE's MRPC TSV (a SQuAD JSON needs task=squad)."
-        )
-    labelled = header == MRPC_HEADER
-    if training and not labelled:
-        raise FineTuneInputError(
-            f"{key}={path} is a test file without labels (header starts with 'index'); "
-            "train on GLUE's train.tsv."
-        )
-    examples: list[PairExample] = []
-    for number, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
-        if len(row) != 5:
-            raise FineTuneInputError(
-                f"{key}={path} line {number} has {len(row)} tab-separated fields, not 5; fix "
-                "the line or re-download the file."
-            )
-        label = None
-        if labelled:
-            if row[0] not in ("0", "1"):
-                raise FineTuneInputError(
-                    f"{key}={path} line {number} has Quality={row[0]!r}; it must be 0 or 1."
-                )
-            label = int(row[0])
-        examples.append(PairExample(len(examples), row[3], row[4], label))
-    if not examples:
-        raise FineTuneInputError(f"{key}={path} holds no pairs; pass a non-empty MRPC TSV.")
-    return examples
+__all__ = ["GlueData", "text_features"]
 
 
 def _truncate_pair(first: list[int], second: list[int], budget: int) -> None:
@@ -95,45 +36,190 @@ def _truncate_pair(first: list[int], second: list[int], budget: int) -> None:
         (first if len(first) > len(second) else second).pop()
 
 
-def pair_features(
-    examples: Sequence[PairExample], tokenizer: Any, max_seq_length: int = 128
+def text_features(
+    tokenizer: Any,
+    firsts: Sequence[str],
+    seconds: Sequence[str] | None,
+    max_seq_length: int,
 ) -> dict[str, np.ndarray]:
-    """``input_ids``, ``segment_ids``, ``attention_mask`` ``[N,S]`` and ``labels`` ``[N]``
-    (-1 when unlabelled)."""
+    """``input_ids``, ``segment_ids``, ``attention_mask`` ``[N,S]`` of single sentences or
+    pairs, padded to ``max_seq_length``."""
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     pad_id = tokenizer.token_to_id("[PAD]")
-    firsts = tokenizer.encode_batch([e.first for e in examples], add_special_tokens=False)
-    seconds = tokenizer.encode_batch([e.second for e in examples], add_special_tokens=False)
-    n = len(examples)
+    a_enc = tokenizer.encode_batch(list(firsts), add_special_tokens=False)
+    b_enc = (
+        tokenizer.encode_batch(list(seconds), add_special_tokens=False)
+        if seconds is not None
+        else None
+    )
+    n = len(a_enc)
     ids = np.full((n, max_seq_length), pad_id, dtype=np.int64)
     segments = np.zeros((n, max_seq_length), dtype=np.int64)
     mask = np.zeros((n, max_seq_length), dtype=np.int64)
-    for row, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
-        first, second = list(a.ids), list(b.ids)
-        _truncate_pair(first, second, max_seq_length - 3)
-        tokens = [cls_id, *first, sep_id, *second, sep_id]
+    for row in range(n):
+        first = list(a_enc[row].ids)
+        if b_enc is None:
+            first = first[: max_seq_length - 2]
+            tokens = [cls_id, *first, sep_id]
+        else:
+            second = list(b_enc[row].ids)
+            _truncate_pair(first, second, max_seq_length - 3)
+            tokens = [cls_id, *first, sep_id, *second, sep_id]
+            segments[row, len(first) + 2 : len(tokens)] = 1
         ids[row, : len(tokens)] = tokens
-        segments[row, len(first) + 2 : len(tokens)] = 1
         mask[row, : len(tokens)] = 1
-    labels = np.asarray([-1 if e.label is None else e.label for e in examples], dtype=np.int64)
-    return {"input_ids": ids, "segment_ids": segments, "attention_mask": mask, "labels": labels}
+    return {"input_ids": ids, "segment_ids": segments, "attention_mask": mask}
 
 
-def accuracy_f1(predictions: Sequence[int], labels: Sequence[int]) -> dict[str, float]:
-    """Accuracy and the F1 of the positive class (1 = paraphrase), on the 0-1 scale as GLUE
-    reports MRPC; F1 is 0 when there is no true positive."""
-    if len(predictions) != len(labels) or not labels:
-        raise ValueError("predictions and labels must be non-empty and of equal length")
-    pairs = list(zip(predictions, labels, strict=True))
-    tp = sum(1 for p, y in pairs if p == 1 and y == 1)
-    fp = sum(1 for p, y in pairs if p == 1 and y == 0)
-    fn = sum(1 for p, y in pairs if p == 0 and y == 1)
-    correct = sum(1 for p, y in pairs if p == y)
-    f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-    return {"accuracy": correct / len(pairs), "f1": f1}
+class GlueData(TaskData):
+    """One GLUE task's data (module docstring).
 
+    Args (beyond :class:`~omnibert.finetune.spec.TaskData`'s):
+        text_columns: the Hub columns fed to the model: one (a sentence) or two (a pair).
+        label_names: the Hub's class names, in id order; ``None`` for STS-B's scores.
+        tsv: ``{Hub column: TSV column}`` of the original files (a header name, or a position
+            for files without a header).
+        tsv_test: the test file's ``{Hub column: header name}`` when only it has a header (CoLA).
+        submission_labels: how the GLUE server wants each class written (``None``: its id).
+    """
 
-def write_submission(path: Path, predictions: Sequence[int]) -> None:
-    """GLUE's ``MRPC.tsv``: ``index<TAB>prediction`` under that header."""
-    lines = ["index\tprediction", *(f"{i}\t{int(p)}" for i, p in enumerate(predictions))]
-    path.write_text("\n".join(lines) + "\n")
+    def __init__(
+        self,
+        task: str,
+        text_columns: Sequence[str],
+        tsv: Mapping[str, str | int],
+        label_names: Sequence[str] | None = None,
+        submission_labels: Sequence[str] | None = None,
+        tsv_test: Mapping[str, str] | None = None,
+        hub: str = "nyu-mll/glue",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("benchmark", "glue")
+        super().__init__(task, hub, **kwargs)
+        self.text_columns = list(text_columns)
+        self.label_names = None if label_names is None else list(label_names)
+        self.tsv = dict(tsv)
+        self.tsv_test = None if tsv_test is None else dict(tsv_test)
+        self.submission_labels = None if submission_labels is None else list(submission_labels)
+
+    @property
+    def regression(self) -> bool:
+        return self.label_names is None
+
+    # ---------------------------------------------------------------- reader
+    def read_file(self, path: Path, key: str) -> Any:
+        import datasets
+
+        columns = read_glue_tsv(
+            path, key, self.task, self.tsv, self.text_columns, self.label_names, self.tsv_test
+        )
+        features = {c: datasets.Value("string") for c in self.text_columns}
+        features["label"] = (
+            datasets.Value("float32")
+            if self.label_names is None
+            else datasets.ClassLabel(names=self.label_names)
+        )
+        features["idx"] = datasets.Value("int32")
+        if self.label_names is not None and -1 in columns["label"]:
+            features["label"] = datasets.Value("int64")  # a test file: -1, as on the Hub
+        return datasets.Dataset.from_dict(columns, features=datasets.Features(features))
+
+    def check(self, dataset: Any, where: str, labelled: bool) -> None:
+        import datasets
+
+        need = [*self.text_columns, "label"]
+        missing = [c for c in need if c not in dataset.column_names]
+        if missing:
+            raise FineTuneInputError(
+                f"{where} has the columns ({', '.join(dataset.column_names)}), not task="
+                f"{self.task}'s ({', '.join(need)}, as {self.hub} {self.config}); pass "
+                f"{self.task}'s data or choose the task that matches it."
+            )
+        feature = dataset.features["label"]
+        names = getattr(feature, "names", None)
+        if self.regression and isinstance(feature, datasets.ClassLabel):
+            raise FineTuneInputError(
+                f"{where} has class labels ({', '.join(names or [])}); task={self.task} is a "
+                "regression task (similarity scores): pass its own data."
+            )
+        if names is not None and self.label_names is not None and list(names) != self.label_names:
+            raise FineTuneInputError(
+                f"{where} has the labels ({', '.join(names)}), not task={self.task}'s "
+                f"({', '.join(self.label_names)}): it is another task's data; pass "
+                f"{self.task}'s or choose the task that matches it."
+            )
+        if not self.regression and str(getattr(feature, "dtype", "")).startswith("float"):
+            raise FineTuneInputError(
+                f"{where} has float labels (scores); task={self.task} is a classification "
+                f"task: STS-B's scores need task=stsb."
+            )
+        labels = np.asarray(dataset["label"])
+        if not labelled:
+            return
+        if len(labels) == 0:
+            raise FineTuneInputError(f"{where} holds no examples; pass a non-empty split.")
+        if self.regression:
+            if np.any(labels < 0):
+                raise FineTuneInputError(
+                    f"{where} has no scores (label -1: a test split); train and evaluate on "
+                    "labelled splits."
+                )
+            return
+        bad = labels[(labels < 0) | (labels >= len(self.label_names or []))]
+        if bad.size:
+            raise FineTuneInputError(
+                f"{where} has the label value {int(bad[0])}"
+                + (" (a test split without labels)" if int(bad[0]) == -1 else "")
+                + f"; task={self.task}'s labels are 0..{len(self.label_names or []) - 1} "
+                f"({', '.join(self.label_names or [])}): pass a labelled split of its data."
+            )
+
+    def has_labels(self, dataset: Any) -> bool:
+        labels = np.asarray(dataset["label"])
+        return bool(labels.size) and not bool(np.any(labels == -1))
+
+    # -------------------------------------------------------------- features
+    def features(
+        self, dataset: Any, tokenizer: Any, recipe: Mapping[str, Any], training: bool
+    ) -> Features:
+        import torch
+
+        columns = [dataset[c] for c in self.text_columns]
+        arrays = text_features(
+            tokenizer, columns[0], columns[1] if len(columns) > 1 else None,
+            int(recipe["max_seq_length"]),
+        )  # fmt: skip
+        tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        if training:
+            dtype = torch.float32 if self.regression else torch.int64
+            tensors["labels"] = torch.as_tensor(np.asarray(dataset["label"]), dtype=dtype)
+        return Features(tensors)
+
+    # ----------------------------------------------------------- predictions
+    def predict(
+        self, dataset: Any, features: Features, outputs: Any, recipe: Mapping[str, Any]
+    ) -> list[Any]:
+        out = np.asarray(outputs)
+        if self.regression:
+            return [float(x) for x in out.reshape(len(out), -1)[:, 0]]
+        return [int(x) for x in out.argmax(-1)]
+
+    def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
+        from omnibert.finetune.glue_metrics import compute
+
+        return compute(self.metrics, predictions, list(dataset["label"]))
+
+    def write(self, directory: Path, name: str, dataset: Any, predictions: Sequence[Any]) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}.tsv"
+        lines = ["index\tprediction"]
+        for index, value in zip(dataset["idx"], predictions, strict=True):
+            if self.regression:
+                text = repr(float(value))  # every digit: the metrics are computed from these
+            elif self.submission_labels is not None:
+                text = self.submission_labels[int(value)]
+            else:
+                text = str(int(value))
+            lines.append(f"{int(index)}\t{text}")
+        path.write_text("\n".join(lines) + "\n")
+        return path

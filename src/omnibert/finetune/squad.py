@@ -33,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from omnibert.finetune.spec import Features, TaskData
 from omnibert.finetune.tokenizer import FineTuneInputError
 
 __all__ = [
     "Prediction",
+    "SquadData",
     "SquadExample",
     "SquadFeatures",
     "best_answers",
@@ -335,3 +337,127 @@ def _pick(context: str, candidates: list[tuple[float, int, int]], n_best: int) -
 def write_predictions(path: Path, predictions: Mapping[str, Prediction]) -> None:
     """The official predictions file: ``{question id: answer text}``."""
     path.write_text(json.dumps({k: p.text for k, p in predictions.items()}, indent=1) + "\n")
+
+
+def squad_json_columns(data: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The official JSON's ``data`` list as the Hub's columns (``rajpurkar/squad``): ``id``,
+    ``title``, ``context``, ``question``, ``answers`` ``{text: [...], answer_start: [...]}``."""
+    out: dict[str, list[Any]] = {k: [] for k in ("id", "title", "context", "question", "answers")}
+    for article in data:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                out["id"].append(str(qa.get("id")))
+                out["title"].append(str(article.get("title", "")))
+                out["context"].append(paragraph["context"])
+                out["question"].append(qa.get("question"))
+                answers = qa.get("answers", [])
+                out["answers"].append({
+                    "text": [str(a["text"]) for a in answers],
+                    "answer_start": [int(a["answer_start"]) for a in answers],
+                })  # fmt: skip
+    return out
+
+
+def examples_from_rows(
+    dataset: Any, where: str, training: bool, unanswerable: bool = False
+) -> list[SquadExample]:
+    """The questions of a dataset in the Hub's columns. In training every question needs an
+    answer whose ``answer_start`` points at its text (one that does not is skipped with a
+    warning, as Google's reader does); ``unanswerable`` allows questions without one."""
+    examples, skipped = [], 0
+    for row in dataset:
+        answers = tuple(
+            (str(t), int(s))
+            for t, s in zip(row["answers"]["text"], row["answers"]["answer_start"], strict=True)
+        )
+        if training and answers:
+            text, start = answers[0]
+            if row["context"][start : start + len(text)] != text:
+                skipped += 1
+                continue
+        elif training and not unanswerable:
+            raise FineTuneInputError(
+                f"{where}: question {row['id']} has no answer; training needs one per question "
+                "(SQuAD v1.1, not v2.0's unanswerable ones)."
+            )
+        examples.append(SquadExample(str(row["id"]), row["question"], row["context"], answers))
+    if skipped:
+        log.warning("%s: skipped %d question(s) whose answer_start misses the text", where, skipped)
+    if not examples:
+        raise FineTuneInputError(f"{where} holds no questions; pass a non-empty SQuAD file.")
+    return examples
+
+
+class SquadData(TaskData):
+    """SQuAD v1.1 through ``datasets`` (``rajpurkar/squad`` or the official JSON): windows,
+    the n-best span per question, the official EM/F1 and ``predictions.json``."""
+
+    COLUMNS = ("id", "context", "question", "answers")
+
+    def __init__(self, task: str = "squad", hub: str = "rajpurkar/squad", **kwargs: Any) -> None:
+        kwargs.setdefault("benchmark", "squad")
+        kwargs.setdefault("metrics", ["exact_match", "f1"])
+        super().__init__(task, hub, **kwargs)
+
+    def read_file(self, path: Path, key: str) -> Any:
+        import datasets
+
+        columns = squad_json_columns(check_squad_file(path, key))
+        if not columns["id"]:
+            raise FineTuneInputError(f"{key}={path} holds no questions; pass a non-empty file.")
+        return datasets.Dataset.from_dict(columns)
+
+    def check(self, dataset: Any, where: str, labelled: bool) -> None:
+        missing = [c for c in self.COLUMNS if c not in dataset.column_names]
+        if missing:
+            raise FineTuneInputError(
+                f"{where} has the columns ({', '.join(dataset.column_names)}), not SQuAD's "
+                f"({', '.join(self.COLUMNS)}, as {self.hub}); task={self.task} reads SQuAD "
+                "data (a GLUE dataset needs its GLUE task)."
+            )
+        if len(dataset) == 0:
+            raise FineTuneInputError(f"{where} holds no questions; pass a non-empty split.")
+
+    def has_labels(self, dataset: Any) -> bool:
+        return all(len(a["text"]) > 0 for a in dataset["answers"])
+
+    def examples(self, dataset: Any, where: str, training: bool) -> list[SquadExample]:
+        return examples_from_rows(dataset, where, training)
+
+    def features(
+        self, dataset: Any, tokenizer: Any, recipe: Mapping[str, Any], training: bool
+    ) -> Features:
+        examples = self.examples(dataset, "the data", training)
+        feats = squad_features(
+            examples, tokenizer, recipe["max_seq_length"], recipe["doc_stride"],
+            recipe["max_query_length"], training=training,
+        )  # fmt: skip
+        return Features(feats.tensors(training), (examples, feats))
+
+    def predict(
+        self, dataset: Any, features: Features, outputs: Any, recipe: Mapping[str, Any]
+    ) -> list[Any]:
+        examples, feats = features.extra
+        start, end = outputs
+        best = best_answers(
+            examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"]
+        )
+        return [best[e.qid] for e in examples]
+
+    def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
+        from omnibert.finetune.squad_metric import squad_scores
+
+        data = [{"paragraphs": [{"qas": [
+            {"id": str(i), "answers": [{"text": t} for t in a["text"]]}
+            for i, a in zip(dataset["id"], dataset["answers"], strict=True)
+        ]}]}]  # fmt: skip
+        ids = [str(i) for i in dataset["id"]]
+        result = squad_scores(data, {i: p.text for i, p in zip(ids, predictions, strict=True)})
+        return {"exact_match": result["exact_match"], "f1": result["f1"]}
+
+    def write(self, directory: Path, name: str, dataset: Any, predictions: Sequence[Any]) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / ("predictions.json" if name == "validation" else f"{name}.json")
+        ids = [str(i) for i in dataset["id"]]
+        write_predictions(path, dict(zip(ids, predictions, strict=True)))
+        return path

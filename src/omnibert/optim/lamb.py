@@ -20,15 +20,36 @@ from torch import Tensor
 from omnibert.optim.lamb_math import (
     LambBatch,
     LambHyper,
+    foreach_apply,
+    foreach_norms,
     foreach_update,
-    global_grad_norm,
+    grad_sumsq,
     inverse_clip_factor,
+    reference_apply,
+    reference_norms,
     reference_update,
 )
 from omnibert.optim.param_groups import matches_any, normalize_params
+from omnibert.optim.sharding import dtensor_shard_group, local
 
 IMPLS = ("auto", "reference", "foreach", "compiled", "triton")
 UpdateFn = Callable[[LambBatch, Tensor], None]
+#: stage 1 of a group (moments; updates or a context; ``[n, 2]`` squared norms) and stage 2
+#: (apply with the trust ratio from those norms, summed over ranks when tensors are shards)
+NormsFn = Callable[[LambBatch, Tensor], tuple[Any, Tensor]]
+ApplyFn = Callable[[LambBatch, Any, Tensor], None]
+
+
+def _compiled_norms(batch: LambBatch, inv_clip: Tensor) -> tuple[Any, Tensor]:
+    from omnibert.optim.lamb_compiled import compiled_norms
+
+    return compiled_norms(batch, inv_clip)
+
+
+def _compiled_apply(batch: LambBatch, ctx: Any, sq_norms: Tensor) -> None:
+    from omnibert.optim.lamb_compiled import compiled_apply
+
+    compiled_apply(batch, ctx, sq_norms)
 
 
 def _compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
@@ -38,33 +59,44 @@ def _compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
 
 
 def _triton_update(batch: LambBatch, inv_clip: Tensor) -> None:
-    from omnibert_kernels.lamb_triton import lamb_update
+    """One group through the multi-tensor kernel with a given clip factor (the warm-up's
+    build check; the optimiser's step runs every group in one call, clipping included)."""
+    from omnibert_kernels.lamb_triton import MultiTensorLamb
 
     h = batch.hyper
-    lamb_update(
+    MultiTensorLamb().step(
         batch.params,
-        batch.grads,
+        [g * inv_clip for g in batch.grads],
         batch.exp_avgs,
         batch.exp_avg_sqs,
-        batch.decays,
-        batch.adapt,
-        inv_clip=inv_clip,
-        lr=h.lr,
-        beta1=h.beta1,
-        beta2=h.beta2,
-        beta3=h.beta3,
-        bias_corrections=h.bias_corrections,
-        eps=h.eps,
+        tensor_group=[0] * len(batch),
+        decays=batch.decays,
+        adapt=batch.adapt,
+        groups=[_coefficients(h)],
         adam_w_mode=h.adam_w_mode,
-        max_weight_norm=h.max_weight_norm,
+        max_grad_norm=None,
     )
 
 
+def _coefficients(h: LambHyper) -> Any:
+    from omnibert_kernels.lamb_triton import GroupCoefficients
+
+    bc1, bc2 = h.bias_corrections
+    return GroupCoefficients(h.lr, h.beta1, h.beta2, h.beta3, bc1, bc2, h.eps, h.max_weight_norm)
+
+
+#: whole single-group updates (the warm-up runs these on tiny tensors)
 UPDATES: dict[str, UpdateFn] = {
     "reference": reference_update,
     "foreach": foreach_update,
     "compiled": _compiled_update,
     "triton": _triton_update,
+}
+#: the two stages of the per-group implementations (``triton`` runs all groups at once)
+STAGES: dict[str, tuple[NormsFn, ApplyFn]] = {
+    "reference": (reference_norms, reference_apply),
+    "foreach": (foreach_norms, foreach_apply),
+    "compiled": (_compiled_norms, _compiled_apply),
 }
 
 
@@ -86,9 +118,17 @@ class Lamb(torch.optim.Optimizer):
         max_weight_norm: clamp ``‖p‖`` in the trust ratio to this (poptorch); ``None``: no clamp.
         master_weights: keep an fp32 copy of bf16/fp16 parameters in the state and update
             that (state ``master``); moments are always fp32.
-        impl: ``"auto"`` (Triton on CUDA when importable; the compiled CPU kernels when the
-            model has at least ``compile_min_numel`` elements; foreach otherwise),
-            ``"reference"``, ``"foreach"``, ``"compiled"`` or ``"triton"``.
+        impl: ``"auto"`` (the multi-tensor Triton kernel on CUDA when Triton imports; the
+            compiled CPU kernels when the model has at least ``compile_min_numel``
+            elements; foreach otherwise), ``"reference"``, ``"foreach"``, ``"compiled"`` or
+            ``"triton"``.
+        triton_chunk_size: elements per Triton program for ``impl="triton"`` (apex: 65,536).
+
+    Sharded parameters (FSDP2 ``DTensor``s, found by themselves; FSDP1 flat views after
+    :meth:`shard_norms_over`): the squared global gradient norm and the stacked squared
+    ``‖p‖``, ``‖u‖`` of every tensor are summed over the ranks' shards, one all-reduce each
+    (the clip factor must be known before the moments, hence two), so the step is the
+    unsharded one (:mod:`omnibert.optim.sharding`).
     """
 
     def __init__(
@@ -112,6 +152,7 @@ class Lamb(torch.optim.Optimizer):
         master_weights: bool = True,
         impl: str = "auto",
         compile_min_numel: int = 20_000_000,
+        triton_chunk_size: int = 65536,
     ) -> None:
         if amsgrad:
             raise ValueError("Lamb does not implement AMSGrad (neither does apex FusedLAMB).")
@@ -119,6 +160,11 @@ class Lamb(torch.optim.Optimizer):
             raise ValueError(f"Lamb impl={impl!r} is not one of {IMPLS}.")
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("Lamb needs lr >= 0, eps >= 0 and weight_decay >= 0.")
+        if triton_chunk_size < 16 or triton_chunk_size & (triton_chunk_size - 1):
+            raise ValueError(
+                f"Lamb triton_chunk_size={triton_chunk_size} must be a power of two >= 16 "
+                "(apex: 65536)."
+            )
         b1, b2 = (float(b) for b in betas)
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise ValueError(f"Lamb betas must lie in [0, 1), got {tuple(betas)}.")
@@ -143,6 +189,11 @@ class Lamb(torch.optim.Optimizer):
         self.master_weights = master_weights
         self.impl = impl
         self.compile_min_numel = compile_min_numel
+        self.triton_chunk_size = triton_chunk_size
+        self._multi_tensor: Any = None  # omnibert_kernels.lamb_triton.MultiTensorLamb
+        self.shard_group: Any = None  # torch.distributed process group of the shards
+        self._dtensor_group: Any = None
+        self._dtensor_checked = False
         self.last_grad_norm: Tensor | None = None  # global norm before clipping (for logging)
         self._broken_impls: set[str] = set()
         self._warmed: set[str] = {"reference", "foreach"}
@@ -153,6 +204,16 @@ class Lamb(torch.optim.Optimizer):
                         "exclude_from_layer_adaptation needs parameter names: pass "
                         "model.named_parameters() (or the module) to Lamb."
                     )
+
+    def shard_norms_over(self, group: Any) -> None:
+        """Declare the parameters shards over the ranks of ``group`` (a
+        ``torch.distributed`` process group; FSDP's): norms are then summed over it.
+
+        Every rank must hold the same parameter list in the same order (FSDP with
+        ``use_orig_params=True`` gives each rank a flat slice, possibly empty, of every
+        tensor), and every rank steps together: each step makes two all-reduces.
+        """
+        self.shard_group = group
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Like apex: ``set_grad_none`` decides unless ``set_to_none`` is given."""
@@ -168,7 +229,11 @@ class Lamb(torch.optim.Optimizer):
         if not params:
             return "foreach"
         device = params[0].device
-        if device.type == "cuda" and "triton" not in self._broken_impls:
+        if (
+            device.type == "cuda"
+            and "triton" not in self._broken_impls
+            and all(local(p).is_contiguous() for p in params)
+        ):
             from omnibert_kernels.lamb_triton import triton_available
 
             if triton_available(device):
@@ -177,7 +242,7 @@ class Lamb(torch.optim.Optimizer):
             device.type == "cpu"
             and "compiled" not in self._broken_impls
             and sum(p.numel() for p in params) >= self.compile_min_numel
-            and all(p.is_contiguous() for p in params)
+            and all(local(p).is_contiguous() for p in params)
         ):
             return "compiled"
         return "foreach"
@@ -221,11 +286,19 @@ class Lamb(torch.optim.Optimizer):
             return [not matches_any(n, self.exclude_from_layer_adaptation) for n in names]
         return [self.use_nvlamb or d != 0 for d in decays]
 
-    def _group_batch(self, group: dict[str, Any]) -> tuple[LambBatch, list[tuple[Tensor, Tensor]]]:
-        """The tensors of ``group`` with a gradient, plus (param, master) pairs to copy back."""
+    def _group_batch(
+        self, group: dict[str, Any], native_low_precision: bool = False
+    ) -> tuple[LambBatch, list[tuple[Tensor, Tensor]], list[Tensor | None]]:
+        """The tensors of ``group`` with a gradient, (param, master) pairs to copy back, and
+        per tensor the low-precision model tensor a kernel writes itself (``None``: none).
+
+        ``native_low_precision``: the kernel reads bf16/fp16 gradients and parameters and
+        writes bf16/fp16 copies itself (Triton), so nothing is converted or copied here.
+        """
         names_all = group.get("param_names") or [""] * len(group["params"])
         params, grads, ms, vs, names = [], [], [], [], []
         copy_back: list[tuple[Tensor, Tensor]] = []
+        mirrors: list[Tensor | None] = []
         for p, name in zip(group["params"], names_all, strict=True):
             if p.grad is None:
                 continue
@@ -233,25 +306,34 @@ class Lamb(torch.optim.Optimizer):
                 raise RuntimeError("Lamb does not support sparse gradients.")
             state = self.state[p]
             low_precision = p.dtype in (torch.float16, torch.bfloat16)
-            if not state:
+            if not state:  # DTensor state for DTensor parameters (FSDP2's state dicts)
                 state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
                 if low_precision and self.master_weights:
                     state["master"] = p.detach().to(torch.float32, copy=True)
+            own = local(p.detach())  # this rank's shard (the tensor itself when unsharded)
             master = state.get("master")
+            mirror = None
             if master is not None:
-                work = master
-                copy_back.append((p, master))
-            elif low_precision:  # master_weights=False: update in fp32, round back after
-                work = p.detach().float()
-                copy_back.append((p, work))
+                work = local(master)
+                if native_low_precision:
+                    mirror = own
+                else:
+                    copy_back.append((own, work))
+            elif low_precision and not native_low_precision:
+                work = own.float()  # master_weights=False: fp32 work, rounded after
+                copy_back.append((own, work))
             else:
-                work = p.detach()  # same storage: updated in place
+                work = own  # same storage: updated in place
             params.append(work)
-            grads.append(p.grad if p.grad.dtype == torch.float32 else p.grad.float())
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
+            grad = local(p.grad)
+            if not native_low_precision and grad.dtype != torch.float32:
+                grad = grad.float()
+            grads.append(grad)
+            ms.append(local(state["exp_avg"]))
+            vs.append(local(state["exp_avg_sq"]))
             names.append(name)
+            mirrors.append(mirror)
         decays = [float(group["weight_decay"])] * len(params)
         beta1, beta2 = group["betas"]
         hyper = LambHyper(
@@ -266,7 +348,45 @@ class Lamb(torch.optim.Optimizer):
             max_weight_norm=group["max_weight_norm"],
         )
         adapt = self._adapt_flags(names, decays)
-        return LambBatch(params, grads, ms, vs, decays, adapt, hyper), copy_back
+        return LambBatch(params, grads, ms, vs, decays, adapt, hyper), copy_back, mirrors
+
+    def _slots(self) -> list[list[int]]:
+        """Per group, the index in the optimiser's whole parameter list of each tensor that
+        has a gradient (the rows of the vector all-reduced over shards)."""
+        out, base = [], 0
+        for group in self.param_groups:
+            out.append([base + i for i, p in enumerate(group["params"]) if p.grad is not None])
+            base += len(group["params"])
+        return out
+
+    def _reducer(self, slots: list[int]) -> Callable[[Tensor], None] | None:
+        """``None`` unsharded; else an in-place sum over the shards' ranks: ``[1]`` (Σg²) as
+        is, ``[n, 2]`` per-tensor rows through a vector with one row per parameter."""
+        group = self.shard_group
+        if group is None:
+            if not self._dtensor_checked:
+                self._dtensor_group = dtensor_shard_group(
+                    p for g in self.param_groups for p in g["params"]
+                )
+                self._dtensor_checked = True
+            group = self._dtensor_group
+        if group is None:
+            return None
+        import torch.distributed as dist
+
+        total = sum(len(g["params"]) for g in self.param_groups)
+
+        def all_reduce(t: Tensor) -> None:
+            if t.dim() == 1:
+                dist.all_reduce(t, group=group)
+                return
+            rows = torch.tensor(slots, dtype=torch.long, device=t.device)
+            full = torch.zeros(total, 2, dtype=t.dtype, device=t.device)
+            full.index_copy_(0, rows, t)
+            dist.all_reduce(full, group=group)
+            t.copy_(full.index_select(0, rows))
+
+        return all_reduce
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -275,20 +395,94 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        device = grads[0].device if grads else torch.device("cpu")
-        grad_norm = global_grad_norm(grads).to(device)
-        self.last_grad_norm = grad_norm
-        inv_clip = inverse_clip_factor(grad_norm, self.max_grad_norm)
+        params = [p for g in self.param_groups for p in g["params"]]
+        device = local(params[0]).device if params else torch.device("cpu")
         name = self.resolve_impl()
         if not self._warm_up(name, device):
             name = self.resolve_impl()
-        update = UPDATES[name]
         for group in self.param_groups:
             group["step"] = group.get("step", 0) + 1  # per group, even without grads (apex)
-            batch, copy_back = self._group_batch(group)
-            if len(batch):
-                update(batch, inv_clip)
+        slots = self._slots()
+        reduce = self._reducer([i for s in slots for i in s])
+        built = [
+            self._group_batch(g, native_low_precision=name == "triton") for g in self.param_groups
+        ]
+        if name == "triton":
+            self.last_grad_norm = self._triton_step(built, reduce, device)
+        else:
+            self.last_grad_norm = self._staged_step(STAGES[name], built, reduce, device)
+        for _, copy_back, _ in built:
             for p, work in copy_back:
                 p.copy_(work)
         return loss
+
+    def _staged_step(
+        self,
+        stages: tuple[NormsFn, ApplyFn],
+        built: list[tuple[LambBatch, Any, Any]],
+        reduce: Callable[[Tensor], None] | None,
+        device: torch.device,
+    ) -> Tensor:
+        """Global norm, stage 1 of every group, (all-reduce), stage 2 of every group."""
+        norms_fn, apply_fn = stages
+        sumsq = grad_sumsq([g for b, _, _ in built for g in b.grads], device)
+        if reduce is not None:
+            reduce(sumsq)
+        grad_norm = sumsq.sqrt().reshape(())
+        inv_clip = inverse_clip_factor(grad_norm, self.max_grad_norm)
+        firsts = [norms_fn(b, inv_clip) if len(b) else (None, None) for b, _, _ in built]
+        if reduce is not None:
+            stacked = [sq for _, sq in firsts if sq is not None]
+            rows = torch.cat(stacked) if stacked else torch.zeros(0, 2, device=device)
+            reduce(rows)
+            sizes = [len(b) for b, _, _ in built if len(b)]
+            it = iter(rows.split(sizes))
+            firsts = [(ctx, next(it)) if sq is not None else (ctx, sq) for ctx, sq in firsts]
+        for (batch, _, _), (ctx, sq) in zip(built, firsts, strict=True):
+            if sq is not None:
+                apply_fn(batch, ctx, sq)
+        return grad_norm
+
+    def _triton_step(
+        self,
+        built: list[tuple[LambBatch, Any, list[Tensor | None]]],
+        reduce: Callable[[Tensor], None] | None,
+        device: torch.device,
+    ) -> Tensor:
+        """Every group in one multi-tensor call (four Triton launches)."""
+        from omnibert_kernels.lamb_triton import MultiTensorLamb
+
+        if self._multi_tensor is None:
+            self._multi_tensor = MultiTensorLamb(chunk_size=self.triton_chunk_size)
+        cols: dict[str, list[Any]] = {k: [] for k in ("p", "g", "m", "v", "mirror", "group")}
+        decays: list[float] = []
+        adapt: list[bool] = []
+        for i, (b, _, mirrors) in enumerate(built):
+            cols["p"] += b.params
+            cols["g"] += b.grads
+            cols["m"] += b.exp_avgs
+            cols["v"] += b.exp_avg_sqs
+            cols["mirror"] += mirrors
+            cols["group"] += [i] * len(b)
+            decays += b.decays
+            adapt += b.adapt
+        if not cols["p"]:  # a rank without gradients still takes part in the all-reduces
+            if reduce is not None:
+                reduce(torch.zeros(1, device=device))
+                reduce(torch.zeros(0, 2, device=device))
+            return torch.zeros((), device=device)
+        norm: Tensor = self._multi_tensor.step(
+            cols["p"],
+            [g if g.is_contiguous() else g.contiguous() for g in cols["g"]],
+            cols["m"],
+            cols["v"],
+            tensor_group=cols["group"],
+            decays=decays,
+            adapt=adapt,
+            groups=[_coefficients(b.hyper) for b, _, _ in built],
+            adam_w_mode=self.adam_w_mode,
+            max_grad_norm=self.max_grad_norm,
+            mirrors=cols["mirror"],
+            all_reduce=reduce,
+        )
+        return norm

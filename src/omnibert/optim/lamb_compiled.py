@@ -68,13 +68,15 @@ def _kernels() -> tuple[Callable[..., Tensor], Callable[..., None]]:
     return _compiled["pass1"], _compiled["pass2"]
 
 
-def compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
-    """One LAMB step for one group with the compiled two-pass kernels (same maths as foreach)."""
-    if not batch.params:
-        return
+_Flat = list[tuple[Tensor, Tensor, Tensor, Tensor, float]]
+
+
+def compiled_norms(batch: LambBatch, inv_clip: Tensor) -> tuple[tuple[_Flat, dict], Tensor]:
+    """Pass 1 over every tensor of ``batch``: moments in place, ``[n, 2]`` squared norms
+    ``(‖u‖², ‖p‖²)``; the context that :func:`compiled_apply` needs."""
     if not all(p.is_contiguous() for p in batch.params):
         raise ValueError("Lamb impl='compiled' needs contiguous parameters; use impl='foreach'.")
-    pass1, pass2 = _kernels()
+    pass1, _ = _kernels()
     h = batch.hyper
     bc1, bc2 = h.bias_corrections
     device = batch.params[0].device
@@ -106,8 +108,25 @@ def compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
         )
     ]
     sums = torch.stack([pass1(g, p, m, v, coefs[d], d != 0, l2) for p, g, m, v, d in flat])
-    norms = sums.sqrt()
-    adapt = torch.tensor(batch.adapt, device=device)
+    return (flat, coefs), sums
+
+
+def compiled_apply(batch: LambBatch, ctx: tuple[_Flat, dict], sq_norms: Tensor) -> None:
+    """Pass 2: recompute each update from ``m, v, p`` and apply it with its trust ratio."""
+    _, pass2 = _kernels()
+    flat, coefs = ctx
+    h = batch.hyper
+    l2 = not h.adam_w_mode
+    norms = sq_norms.sqrt()
+    adapt = torch.tensor(batch.adapt, device=batch.params[0].device)
     scale = trust_ratios(norms[:, 1], norms[:, 0], adapt, h.max_weight_norm) * (-h.lr)
     for (p, _, m, v, d), s in zip(flat, scale.unbind(), strict=True):
         pass2(p, m, v, coefs[d], s, d != 0, l2)
+
+
+def compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
+    """One LAMB step for one group with the compiled two-pass kernels (same maths as foreach)."""
+    if not batch.params:
+        return
+    ctx, sums = compiled_norms(batch, inv_clip)
+    compiled_apply(batch, ctx, sums)

@@ -73,6 +73,14 @@ def global_grad_norm(grads: list[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
+def grad_sumsq(grads: list[Tensor], device: torch.device) -> Tensor:
+    """``Σ g²`` over every gradient tensor, accumulated in fp32, as a ``[1]`` tensor on
+    ``device`` (zero without gradients), ready to be summed over ranks that hold shards."""
+    if not grads:
+        return torch.zeros(1, device=device)
+    return torch.stack(foreach_norm_fp32(grads)).square().sum().reshape(1).to(device)
+
+
 def inverse_clip_factor(grad_norm: Tensor, max_grad_norm: float | None) -> Tensor:
     """``1 / max(‖g‖ / max_grad_norm, 1)``: apex divides gradients by the clip factor."""
     if max_grad_norm is None or max_grad_norm <= 0:
@@ -91,20 +99,16 @@ def trust_ratios(
     return torch.where(ok, ratio, torch.ones_like(ratio))
 
 
-def reference_update(batch: LambBatch, inv_clip: Tensor) -> None:
-    """One LAMB step, one tensor at a time: the readable statement of the rules."""
+def reference_norms(batch: LambBatch, inv_clip: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Stage 1, one tensor at a time: moments updated in place; the updates ``u`` and the
+    ``[n, 2]`` squared norms ``(‖u‖², ‖p‖²)`` per tensor (``p`` before the update, as apex)."""
     h = batch.hyper
     bc1, bc2 = h.bias_corrections
-    for p, g, m, v, decay, adapt in zip(
-        batch.params,
-        batch.grads,
-        batch.exp_avgs,
-        batch.exp_avg_sqs,
-        batch.decays,
-        batch.adapt,
-        strict=True,
+    updates: list[Tensor] = []
+    sq: list[Tensor] = []
+    for p, g, m, v, decay in zip(
+        batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs, batch.decays, strict=True
     ):
-        param_norm = torch.linalg.vector_norm(p)  # before the update, as apex
         scaled_grad = g * inv_clip
         if not h.adam_w_mode and decay != 0:  # L2 mode: decay joins the gradient
             scaled_grad = scaled_grad + decay * p
@@ -113,30 +117,42 @@ def reference_update(batch: LambBatch, inv_clip: Tensor) -> None:
         update = (m / bc1) / ((v / bc2).sqrt() + h.eps)
         if h.adam_w_mode and decay != 0:  # decoupled decay joins the update
             update = update + decay * p
+        updates.append(update)
+        sq.append(torch.stack([(update * update).sum(), (p * p).sum()]))
+    return updates, torch.stack(sq)
+
+
+def reference_apply(batch: LambBatch, updates: list[Tensor], sq_norms: Tensor) -> None:
+    """Stage 2, one tensor at a time: ``p -= lr·r·u`` with the trust ratio from ``sq_norms``
+    (this rank's sums, or the all-reduced ones when the tensors are shards)."""
+    h = batch.hyper
+    norms = sq_norms.sqrt()
+    for i, (p, update) in enumerate(zip(batch.params, updates, strict=True)):
         ratio = trust_ratios(
-            param_norm,
-            torch.linalg.vector_norm(update),
-            torch.tensor(adapt, device=p.device),
+            norms[i, 1],
+            norms[i, 0],
+            torch.tensor(batch.adapt[i], device=p.device),
             h.max_weight_norm,
         )
         p.sub_(h.lr * ratio * update)
+
+
+def reference_update(batch: LambBatch, inv_clip: Tensor) -> None:
+    """One LAMB step, one tensor at a time: the readable statement of the rules."""
+    updates, sq = reference_norms(batch, inv_clip)
+    reference_apply(batch, updates, sq)
 
 
 def _subset(values: Sequence[Tensor], mask: list[bool]) -> list[Tensor]:
     return [t for t, keep in zip(values, mask, strict=True) if keep]
 
 
-def foreach_update(batch: LambBatch, inv_clip: Tensor) -> None:
-    """The same step with ``torch._foreach_*`` ops: a fixed number of multi-tensor launches.
-
-    One temporary list (the update) is allocated; moments are updated in place.
-    """
-    if not batch.params:
-        return
+def foreach_norms(batch: LambBatch, inv_clip: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Stage 1 with ``torch._foreach_*`` ops (a fixed number of multi-tensor launches):
+    moments in place; the updates (one temporary list) and ``[n, 2]`` squared norms."""
     h = batch.hyper
     bc1, bc2 = h.bias_corrections
     params, m, v = batch.params, batch.exp_avgs, batch.exp_avg_sqs
-    device = params[0].device
     # Tensors grouped by decay value (normally one value per group, or zero).
     decay_values = sorted({d for d in batch.decays if d != 0})
     masks = {d: [x == d for x in batch.decays] for d in decay_values}
@@ -162,7 +178,22 @@ def foreach_update(batch: LambBatch, inv_clip: Tensor) -> None:
         for d in decay_values:
             torch._foreach_add_(_subset(update, masks[d]), _subset(params, masks[d]), alpha=d)
     update_norms = torch.stack(torch._foreach_norm(update))
-    adapt = torch.tensor(batch.adapt, device=device)
-    scale = trust_ratios(param_norms, update_norms, adapt, h.max_weight_norm) * (-h.lr)
+    return update, torch.stack([update_norms, param_norms], dim=1).square()
+
+
+def foreach_apply(batch: LambBatch, update: list[Tensor], sq_norms: Tensor) -> None:
+    """Stage 2 with ``torch._foreach_*`` ops: ``p -= lr·r·u`` for every tensor."""
+    h = batch.hyper
+    norms = sq_norms.sqrt()
+    adapt = torch.tensor(batch.adapt, device=batch.params[0].device)
+    scale = trust_ratios(norms[:, 1], norms[:, 0], adapt, h.max_weight_norm) * (-h.lr)
     torch._foreach_mul_(update, list(scale.unbind()))
-    torch._foreach_add_(params, update)
+    torch._foreach_add_(batch.params, update)
+
+
+def foreach_update(batch: LambBatch, inv_clip: Tensor) -> None:
+    """The same step as :func:`reference_update` with ``torch._foreach_*`` ops."""
+    if not batch.params:
+        return
+    update, sq = foreach_norms(batch, inv_clip)
+    foreach_apply(batch, update, sq)

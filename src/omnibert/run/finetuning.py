@@ -1,23 +1,27 @@
 """The wiring of a fine-tuning run, shared by ``omnibert-finetune``, ``omnibert-predict`` and
-the tests.
+the tests: the same run pipeline as pretraining (:mod:`omnibert.run.training`), with the task
+node owning what differs.
 
-In this order: resolve the config and check every input before compute — the task, the data
-files (format and content, read with json/csv only), the checkpoint, the output directory,
-the batch arithmetic (:func:`check_inputs`) → load the encoder (``load_pretrained``: an
-omnibert ``.ckpt``, a Hugging Face directory or a TF1 prefix; the vocab comes from the
-checkpoint), tokenise, derive the steps (:func:`prepare`) → the task with its fresh head, the
-Trainer, fit (:func:`fit`) → predictions on the eval file, the official metrics, the
-submission files and ``summary.json`` in the run directory (:func:`evaluate`).
+In this order: resolve the config and check every input before compute
+(:func:`check_inputs`: the task node, its data (``task.data``, a
+:class:`~omnibert.finetune.spec.TaskData`; the splits through ``datasets``, checked for
+columns and labels), the checkpoint path, the output directory, the batch arithmetic) →
+the accelerator plugin, the encoder (``load_pretrained``: an omnibert ``.ckpt``, a Hugging
+Face directory or a TF1 prefix; the vocab comes from the checkpoint), the training features,
+the plan (:func:`prepare`) → the task (``instantiate(cfg.task)``), the data module, the
+configured callbacks and loggers, the Trainer from ``cfg.trainer`` (:func:`build`: the
+pretraining groups, unchanged: ``finetune.yaml``'s ``phase`` node is the task's recipe as
+they read it) → fit (:func:`fit`) → predictions on the eval splits, the official metrics, the
+submission files and ``summary.json`` in the run directory (:func:`evaluate`, :func:`run`).
+
+How a task plugs in (reader, head, metric, submission writer): :mod:`omnibert.finetune.spec`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import shutil
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -26,78 +30,123 @@ from omegaconf import DictConfig
 
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = ["FORMATS", "Prepared", "check_inputs", "evaluate", "fit", "prepare", "run"]
+__all__ = ["Inputs", "Prepared", "build", "check_inputs", "evaluate", "fit", "prepare", "run"]
 
 log = logging.getLogger("omnibert.finetune")
 
-#: task.format -> (reader of the data files, LightningModule)
-FORMATS = {"squad": "QuestionAnsweringTask", "glue_mrpc": "SequenceClassificationTask"}
 EXAMPLE = (
-    "e.g. omnibert-finetune task=squad data.train_file=train-v1.1.json "
-    "data.eval_file=dev-v1.1.json model.init_from=<checkpoint>"
+    "e.g. omnibert-finetune task=mrpc model.init_from=<checkpoint> (data from the Hub's "
+    "nyu-mll/glue, or data.train_file=train.tsv data.eval_file=dev.tsv)"
 )
-
-
-def _read(fmt: str, path: str, key: str, training: bool) -> list[Any]:
-    if fmt == "squad":
-        from omnibert.finetune.squad import read_squad
-
-        return read_squad(path, key, training)
-    from omnibert.finetune.glue import read_mrpc
-
-    return read_mrpc(path, key, training)
 
 
 @dataclass
 class Inputs:
-    """The checked config and the examples read from the data files."""
+    """The checked config, the task's data and its splits (``datasets.Dataset``)."""
 
     c: dict[str, Any]
     recipe: dict[str, Any]
-    train: list[Any]
-    eval: list[Any] | None
+    data: Any
+    train: Any
+    evals: dict[str, Any]
+    tests: dict[str, Any]
+    where: dict[str, str]
     micro_batch_size: int
     accumulate: int
 
 
-def check_inputs(cfg: DictConfig) -> Inputs:
-    """Everything checkable without torch: one sentence naming the key and the fix."""
+def _resolve(cfg: DictConfig) -> dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from omnibert.paths import check_writable_dir
-
     try:  # not run.checks.resolve_config: that module imports Lightning
-        c = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     except OmegaConfBaseException as err:
         raise FineTuneInputError(
             f"the config does not resolve: {err}".splitlines()[0] + f"; {EXAMPLE}."
         ) from err
-    task = c.get("task") or {}
-    fmt = task.get("format")
-    if fmt not in FORMATS:
+
+
+def task_data(task: dict[str, Any]) -> Any:
+    """The task's :class:`~omnibert.finetune.spec.TaskData` from its ``data`` node."""
+    from hydra.utils import instantiate
+
+    node = task.get("data")
+    if not isinstance(node, dict) or "_target_" not in node:
         raise FineTuneInputError(
-            f"the task config ({task.get('_target_')}) is not a fine-tuning task (no "
-            f"task.format among {', '.join(FORMATS)}); use task=squad or task=mrpc."
+            f"the task config ({task.get('_target_')}) is not a fine-tuning task (no task.data "
+            "with a _target_); use task=squad, task=mrpc or another GLUE task (conf/task/)."
         )
-    recipe = {k: v for k, v in task.items() if not str(k).startswith("_")}
+    return instantiate(node, _convert_="all")
+
+
+def _check_recipe(recipe: dict[str, Any], data: Any) -> None:
     for key in ("epochs", "batch_size", "max_seq_length", "eval_batch_size"):
         value = recipe.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise FineTuneInputError(f"task.{key}={value!r} must be a positive integer; fix it.")
-    data = c["data"]
-    if not data.get("train_file"):
-        raise FineTuneInputError(f"data.train_file is not set; {EXAMPLE}.")
+    names = getattr(data, "label_names", None)
+    if data.benchmark == "glue":
+        wanted = 1 if names is None else len(names)
+        if recipe.get("num_labels") != wanted:
+            raise FineTuneInputError(
+                f"task.num_labels={recipe.get('num_labels')} but task={data.task} has "
+                f"{'a regression score' if names is None else f'{wanted} labels'}; set "
+                f"task.num_labels={wanted}."
+            )
+
+
+def _splits(inputs_c: dict[str, Any], data: Any, role: str) -> tuple[dict[str, Any], dict]:
+    """The eval or test splits: from files when any file is configured (a run on local
+    files never reaches the Hub), else from ``data.dataset`` / the task's Hub name."""
+    from omnibert.finetune.sources import file_for, load_split
+
+    data_cfg = inputs_c["data"]
+    splits = data.eval_splits if role == "eval" else data.test_splits
+    local = any(data_cfg.get(k) for k in ("train_file", "eval_file", "test_file"))
+    key = f"{role}_file"
+    given = data_cfg.get(key)
+    if isinstance(given, dict) and set(given) - set(splits):
+        unknown = ", ".join(sorted(set(given) - set(splits)))
+        raise FineTuneInputError(
+            f"data.{key} names {unknown}, which task={data.task} does not have; its "
+            f"{role} splits are {', '.join(splits) or 'none'}."
+        )
+    out, where = {}, {}
+    for position, (name, split) in enumerate(splits.items()):
+        file, _ = file_for(data_cfg, role, name, position == 0)
+        if file is None and local:
+            continue
+        out[name], where[f"{role}:{name}"] = load_split(
+            data, data_cfg, role, name, split, position == 0
+        )
+        data.check(out[name], where[f"{role}:{name}"], labelled=role == "eval")
+    return out, where
+
+
+def check_inputs(cfg: DictConfig) -> Inputs:
+    """Everything checkable without torch: one sentence naming the key and the fix."""
+    from omnibert.finetune.sources import load_split
+    from omnibert.paths import check_writable_dir
+
+    c = _resolve(cfg)
+    task = c.get("task") or {}
+    data = task_data(task)
+    recipe = {k: v for k, v in task.items() if not str(k).startswith("_")}
+    _check_recipe(recipe, data)
     if not c["model"].get("init_from"):
         raise FineTuneInputError(
             "model.init_from is not set; point it at a Hugging Face BERT directory, an "
             "omnibert .ckpt or a TF1 checkpoint prefix (+ model.bert_config=)."
         )
     check_writable_dir(c["paths"]["run_dir"], "paths.run_dir")
-    train = _read(fmt, data["train_file"], "data.train_file", training=True)
-    evaluation = None
-    if data.get("eval_file"):
-        evaluation = _read(fmt, data["eval_file"], "data.eval_file", training=False)
+    train, train_where = load_split(data, c["data"], "train", "train", data.train_split)
+    data.check(train, train_where, labelled=True)
+    evals, where = _splits(c, data, "eval")
+    tests: dict[str, Any] = {}
+    if c["data"].get("predict_test"):
+        tests, test_where = _splits(c, data, "test")
+        where.update(test_where)
     acc = c["accelerator"]
     world = int(acc["devices"]) * int(acc["num_nodes"])
     micro = c.get("micro_batch_size") or recipe["batch_size"] // world
@@ -106,7 +155,10 @@ def check_inputs(cfg: DictConfig) -> Inputs:
             f"task.batch_size={recipe['batch_size']} is not a multiple of micro_batch_size="
             f"{micro} x {world} device(s); choose a micro_batch_size that divides it."
         )
-    return Inputs(c, recipe, train, evaluation, micro, recipe["batch_size"] // (micro * world))
+    return Inputs(
+        c, recipe, data, train, evals, tests, {"train": train_where, **where}, micro,
+        recipe["batch_size"] // (micro * world),
+    )  # fmt: skip
 
 
 @dataclass
@@ -120,47 +172,41 @@ class Prepared:
     steps_per_epoch: int
     total_steps: int
     plugin: Any
+    ckpt_path: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
-
-def features(
-    fmt: str, examples: list[Any], tokenizer: Any, recipe: Mapping[str, Any], training: bool
-) -> Any:
-    """SQuAD windows (:class:`~omnibert.finetune.squad.SquadFeatures`) or MRPC pair arrays."""
-    if fmt == "squad":
-        from omnibert.finetune.squad import squad_features
-
-        return squad_features(
-            examples,
-            tokenizer,
-            recipe["max_seq_length"],
-            recipe["doc_stride"],
-            recipe["max_query_length"],
-            training=training,
-        )
-    from omnibert.finetune.glue import pair_features
-
-    return pair_features(examples, tokenizer, recipe["max_seq_length"])
-
-
-def _tensors(fmt: str, feats: Any, training: bool) -> dict[str, Any]:
-    import torch
-
-    if fmt == "squad":
-        return dict(feats.tensors(training))
-    out = {k: torch.from_numpy(v) for k, v in feats.items()}
-    if not training:
-        out.pop("labels")
-    return out
+    def plan(self) -> dict[str, Any]:
+        """What the run derived (printed, logged with the config, in ``summary.json``)."""
+        i = self.inputs
+        return {
+            "task": i.c["task"]["name"],
+            "data": i.where,
+            "train_examples": len(i.train),
+            "train_features": self.num_train_features,
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": i.recipe["epochs"],
+            "max_steps": self.total_steps,
+            "global_batch_size": i.recipe["batch_size"],
+            "micro_batch_size": i.micro_batch_size,
+            "accumulate_grad_batches": i.accumulate,
+            "init_from": str(i.c["model"]["init_from"]),
+            "ckpt_path": self.ckpt_path,
+        }
 
 
 def prepare(cfg: DictConfig) -> Prepared:
     """:func:`check_inputs`, then the checkpoint, the tokenizer, the training features and
     the step count (no training yet)."""
+    import math
+
+    from omnibert.run.training import quiet_third_party_deprecations
+
+    quiet_third_party_deprecations()
     inputs = check_inputs(cfg)
     from omnibert.accelerators import build_plugin
-    from omnibert.convert.checkpoints import load_pretrained
     from omnibert.finetune.tokenizer import build_tokenizer
+    from omnibert.run.checks import resolve_ckpt_path
+    from omnibert.run.finetune_init import load_encoder_source
 
     c, recipe = inputs.c, inputs.recipe
     plugin = build_plugin(cfg.accelerator)
@@ -169,9 +215,16 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
         )
-    loaded = load_pretrained(
-        c["model"]["init_from"], c["model"].get("bert_config"), require_heads=False
-    )
+    # CPU threads from the CPUs this process may use, as pretraining sets them
+    plugin.configure_threads(int(c["data"].get("num_workers") or 0))
+    checkpoint_dir = Path(c["paths"]["checkpoint_dir"])
+    if c.get("ckpt_path") is None and (checkpoint_dir / "final.ckpt").is_file():
+        raise FineTuneInputError(
+            f"{checkpoint_dir} already holds final.ckpt, a finished fine-tuning run; choose "
+            "another run_name (or seed, or paths.output_root) to keep it, or delete it."
+        )
+    ckpt_path = resolve_ckpt_path(c.get("ckpt_path"), checkpoint_dir)
+    loaded = load_encoder_source(c, recipe)
     vocab = loaded.vocab_file
     if vocab is None or not Path(vocab).is_file():
         raise FineTuneInputError(
@@ -184,119 +237,122 @@ def prepare(cfg: DictConfig) -> Prepared:
             f"max_position_embeddings={loaded.config.max_position_embeddings}; lower it."
         )
     tokenizer = build_tokenizer(vocab)
-    fmt = recipe["format"]
-    feats = features(fmt, inputs.train, tokenizer, recipe, training=True)
-    tensors = _tensors(fmt, feats, training=True)
-    n = int(tensors["input_ids"].shape[0])
+    feats = inputs.data.features(inputs.train, tokenizer, recipe, training=True)
+    n = len(feats)
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(n / (inputs.micro_batch_size * world))
     steps_per_epoch = math.ceil(batches / inputs.accumulate)
     return Prepared(
-        inputs, loaded, vocab, tokenizer, tensors, n, steps_per_epoch,
-        steps_per_epoch * recipe["epochs"], plugin,
+        inputs, loaded, vocab, tokenizer, feats.tensors, n, steps_per_epoch,
+        steps_per_epoch * recipe["epochs"], plugin, ckpt_path,
     )  # fmt: skip
 
 
-class DictDataset:
-    """Rows of a dict of equally long tensors (the default collate stacks them)."""
-
-    def __init__(self, tensors: Mapping[str, Any]) -> None:
-        self.tensors = dict(tensors)
-        self.length = int(next(iter(self.tensors.values())).shape[0])
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {k: v[index] for k, v in self.tensors.items()}
+@dataclass
+class Run:
+    prepared: Prepared
+    task: Any
+    trainer: Any
+    datamodule: Any
+    new_keys: list[str]
 
 
-def build_task(prepared: Prepared, run_dir: Path) -> tuple[Any, list[str]]:
-    """The task with the pretrained encoder and a fresh head; the new parameter names."""
+def build(prepared: Prepared, run_dir: Path) -> Run:
+    """The task with the pretrained encoder and a fresh head, the data module, the
+    configured callbacks and loggers, and the Trainer of ``cfg.trainer``."""
     import dataclasses
+    import shutil
+    import sys
 
-    from hydra.utils import get_class
+    from lightning.pytorch.callbacks import ProgressBar
 
-    c, recipe = prepared.inputs.c, prepared.inputs.recipe
-    target = c["task"].get("_target_") or f"omnibert.tasks.{FORMATS[recipe['format']]}"
-    vocab_copy = run_dir / "vocab.txt"
+    from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
+    from omnibert.callbacks.progress import select_progress
+    from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
+    from omnibert.compat import seed_everything
+    from omnibert.data.finetuning import FineTuneDataModule
+    from omnibert.run.checks import instantiate_node
+    from omnibert.run.training import loggers_for
+
+    inputs = prepared.inputs
+    c = inputs.c
+    seed_everything(c["seed"], workers=True)
     run_dir.mkdir(parents=True, exist_ok=True)
+    vocab_copy = run_dir / "vocab.txt"
     if Path(prepared.vocab_file).resolve() != vocab_copy.resolve():
         shutil.copyfile(prepared.vocab_file, vocab_copy)
-    task = get_class(target)(
+    task = instantiate_node(c["task"], _recursive_=False)(
         model_config=dataclasses.asdict(prepared.loaded.config),
         optimizer=c["optimizer"],
         schedule=c.get("schedule"),
         total_steps=prepared.total_steps,
-        recipe=recipe,
         init_from=str(c["model"]["init_from"]),
         vocab_file=str(vocab_copy.resolve()),
     )
-    encoder = {
-        k.removeprefix("bert."): v
-        for k, v in prepared.loaded.model.state_dict().items()
-        if k.startswith("bert.")
-    }
-    new = task.load_encoder(encoder, prepared.loaded.fresh_heads)
-    return task, new
-
-
-def fit(prepared: Prepared, run_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
-    """Build the task and the Trainer, train; returns (task, trainer, training facts)."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    from omnibert.compat import seed_everything
-    from omnibert.run.checks import instantiate_node
-
-    c, inputs = prepared.inputs.c, prepared.inputs
-    seed_everything(c["seed"], workers=True)
-    task, new = build_task(prepared, run_dir)
-    log.info("fresh parameters (not in the checkpoint): %s", ", ".join(new))
-    print(f"omnibert-finetune: initialised from {prepared.loaded.description}", flush=True)
-    print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(new)}", flush=True)
-    loader: DataLoader[Any] = DataLoader(
-        DictDataset(prepared.train_tensors),  # type: ignore[arg-type]
-        batch_size=inputs.micro_batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(int(c["seed"])),
-        num_workers=int(c["data"].get("num_workers") or 0),
-    )
+    new = prepared.loaded.load_into(task)
+    datamodule = FineTuneDataModule(
+        prepared.train_tensors, inputs.micro_batch_size, int(c["seed"]),
+        int(c["data"].get("num_workers") or 0),
+    )  # fmt: skip
+    nodes = c.get("callbacks") or {}
+    callbacks = [instantiate_node(n) for n in nodes.values() if n is not None]
+    callbacks.append(CompletedBatchProgress())
+    if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
+        callbacks.append(CheckpointOnSignal())
+    if not c["trainer"].get("enable_progress_bar", True):
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    callbacks = select_progress(callbacks, sys.stdout.isatty(), float(inputs.recipe["batch_size"]))
+    facts = {"config": c, "plan": prepared.plan()}
+    loggers = loggers_for(DictConfig(c.get("logger") or {}), facts)
     hardware = prepared.plugin.trainer_kwargs(str(c["trainer"].get("precision")))
     plugins = hardware.pop("plugins")
-    loggers = [instantiate_node(n) for n in (c.get("logger") or {}).values() if n is not None]
     trainer = instantiate_node(
         DictConfig(c["trainer"]),
         _convert_="partial",
         **hardware,
-        plugins=plugins,
+        plugins=[*plugins, AtomicCheckpointIO()],
+        callbacks=callbacks,
+        logger=loggers or False,
         max_steps=prepared.total_steps,
         max_epochs=inputs.recipe["epochs"],
         accumulate_grad_batches=inputs.accumulate,
-        logger=loggers or False,
-        enable_checkpointing=False,
         limit_val_batches=0,
-        default_root_dir=str(run_dir),
     )
+    return Run(prepared, task, trainer, datamodule, new)
+
+
+def fit(run: Run) -> dict[str, Any]:
+    """Train; the training facts for the summary (the final checkpoint is the checkpoint
+    callback's ``final.ckpt``)."""
+    from omnibert.run.checks import RESUME_FILE
+    from omnibert.run.training import finish_loggers
+
+    prepared, task, trainer = run.prepared, run.task, run.trainer
+    checkpoint_dir = Path(prepared.inputs.c["paths"]["checkpoint_dir"])
+    print(f"omnibert-finetune: initialised from {prepared.loaded.description}", flush=True)
+    print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(run.new_keys)}")
     start = time.perf_counter()
-    trainer.fit(task, train_dataloaders=loader)
+    try:
+        trainer.fit(task, datamodule=run.datamodule, ckpt_path=prepared.ckpt_path)
+    finally:
+        finish_loggers(trainer.loggers)
     seconds = time.perf_counter() - start
-    checkpoint = run_dir / "checkpoints" / "final.ckpt"
-    trainer.save_checkpoint(checkpoint)
+    if trainer.is_global_zero:
+        (checkpoint_dir / RESUME_FILE).unlink(missing_ok=True)
     losses = task.losses()
     tenth = max(1, len(losses) // 10)
-    facts = {
+    final = checkpoint_dir / "final.ckpt"
+    return {
         "steps": trainer.global_step,
         "fit_seconds": round(seconds, 3),
         "train_loss_first": sum(losses[:tenth]) / tenth if losses else None,
         "train_loss_last": sum(losses[-tenth:]) / tenth if losses else None,
-        "new_keys": new,
-        "checkpoint": str(checkpoint),
+        "new_keys": run.new_keys,
+        "checkpoint": str(final) if final.is_file() else None,
     }
-    return task, trainer, facts
 
 
-def logits(task: Any, tensors: Mapping[str, Any], batch_size: int, autocast: Any = None) -> Any:
+def logits(task: Any, tensors: dict[str, Any], batch_size: int, autocast: Any = None) -> Any:
     """The task's outputs over ``tensors`` in batches, as numpy (float32): SQuAD a pair of
     ``[N,S]`` start/end arrays, classification ``[N,labels]``."""
     import contextlib
@@ -319,55 +375,50 @@ def logits(task: Any, tensors: Mapping[str, Any], batch_size: int, autocast: Any
     return torch.cat(outs).numpy()
 
 
-def predict_squad(
-    task: Any, examples: list[Any], tokenizer: Any, recipe: Mapping[str, Any], autocast: Any = None
-) -> dict[str, Any]:
-    """Question id -> :class:`~omnibert.finetune.squad.Prediction`."""
-    from omnibert.finetune.squad import best_answers
+def predict_split(
+    data: Any, task: Any, dataset: Any, tokenizer: Any, recipe: dict[str, Any], autocast: Any
+) -> list[Any]:
+    """One prediction per example of ``dataset`` (the task's own post-processing)."""
+    feats = data.features(dataset, tokenizer, recipe, training=False)
+    outputs = logits(task, feats.tensors, recipe["eval_batch_size"], autocast)
+    return list(data.predict(dataset, feats, outputs, recipe))
 
-    feats = features("squad", examples, tokenizer, recipe, training=False)
-    start, end = logits(task, _tensors("squad", feats, False), recipe["eval_batch_size"], autocast)
+
+def predict_squad(
+    task: Any, examples: list[Any], tokenizer: Any, recipe: dict[str, Any], autocast: Any = None
+) -> dict[str, Any]:
+    """Question id -> :class:`~omnibert.finetune.squad.Prediction` for SQuAD examples."""
+    from omnibert.finetune.squad import best_answers, squad_features
+
+    feats = squad_features(
+        examples, tokenizer, recipe["max_seq_length"], recipe["doc_stride"],
+        recipe["max_query_length"],
+    )  # fmt: skip
+    start, end = logits(task, feats.tensors(False), recipe["eval_batch_size"], autocast)
     return best_answers(
         examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"]
     )
 
 
-def predict_pairs(
-    task: Any, examples: list[Any], tokenizer: Any, recipe: Mapping[str, Any], autocast: Any = None
-) -> list[int]:
-    feats = features("glue_mrpc", examples, tokenizer, recipe, training=False)
-    out = logits(task, _tensors("glue_mrpc", feats, False), recipe["eval_batch_size"], autocast)
-    return [int(x) for x in out.argmax(-1)]
-
-
 def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
-    """Predictions on the eval file, the official metrics and the submission file."""
+    """Predictions on every eval split (metrics, files under ``eval/``) and test split
+    (submission files under ``submission/``)."""
     inputs = prepared.inputs
-    recipe, examples = inputs.recipe, inputs.eval
-    if not examples:
-        return {}
+    data, recipe = inputs.data, inputs.recipe
     autocast = prepared.plugin.autocast(str(inputs.c["trainer"].get("precision")))
-    if recipe["format"] == "squad":
-        from omnibert.finetune.squad import write_predictions
-        from omnibert.finetune.squad_metric import squad_scores
-
-        predictions = predict_squad(task, examples, prepared.tokenizer, recipe, autocast)
-        write_predictions(run_dir / "predictions.json", predictions)
-        data = json.loads(Path(inputs.c["data"]["eval_file"]).read_text(encoding="utf-8"))["data"]
-        scores = squad_scores(data, {k: p.text for k, p in predictions.items()})
-        return {
-            "exact_match": scores["exact_match"],
-            "f1": scores["f1"],
-            "questions": scores["questions"],
-        }
-    from omnibert.finetune.glue import accuracy_f1, write_submission
-
-    labels_known = all(e.label is not None for e in examples)
-    predicted = predict_pairs(task, examples, prepared.tokenizer, recipe, autocast)
-    write_submission(run_dir / "MRPC.tsv", predicted)
-    if not labels_known:
-        return {"pairs": len(predicted)}
-    return {**accuracy_f1(predicted, [e.label for e in examples]), "pairs": len(predicted)}
+    metrics: dict[str, float] = {}
+    files: dict[str, str] = {}
+    several = len(inputs.evals) > 1
+    for name, dataset in inputs.evals.items():
+        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast)
+        files[f"eval:{name}"] = str(data.write(run_dir / "eval", name, dataset, predicted))
+        if data.has_labels(dataset):
+            for key, value in data.scores(dataset, predicted).items():
+                metrics[f"{key}_{name}" if several else key] = value
+    for name, dataset in inputs.tests.items():
+        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast)
+        files[f"test:{name}"] = str(data.write(run_dir / "submission", name, dataset, predicted))
+    return {"metrics": metrics, "files": files}
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -376,36 +427,44 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from omnibert.reporting import write_curves
 
     prepared = prepare(cfg)
-    c = prepared.inputs.c
+    inputs = prepared.inputs
+    c = inputs.c
     run_dir = Path(c["paths"]["run_dir"])
     print(
         f"omnibert-finetune: {c['task']['name']} from {c['model']['init_from']}: "
-        f"{len(prepared.inputs.train)} training examples -> {prepared.num_train_features} "
-        f"features, {prepared.steps_per_epoch} steps/epoch x {prepared.inputs.recipe['epochs']} "
-        f"epochs = {prepared.total_steps} steps (batch {prepared.inputs.recipe['batch_size']}, "
-        f"micro {prepared.inputs.micro_batch_size}, accumulation {prepared.inputs.accumulate})",
+        f"{len(inputs.train)} training examples -> {prepared.num_train_features} "
+        f"features, {prepared.steps_per_epoch} steps/epoch x {inputs.recipe['epochs']} "
+        f"epochs = {prepared.total_steps} steps (batch {inputs.recipe['batch_size']}, "
+        f"micro {inputs.micro_batch_size}, accumulation {inputs.accumulate})",
         flush=True,
     )
-    task, trainer, facts = fit(prepared, run_dir)
-    if not trainer.is_global_zero:
+    built = build(prepared, run_dir)
+    facts = fit(built)
+    if not built.trainer.is_global_zero:
         return {}
-    metrics = evaluate(prepared, task, run_dir)
-    metric_values = {k: v for k, v in metrics.items() if k not in ("questions", "pairs")}
+    evaluated = evaluate(prepared, built.task, run_dir)
+    metric_values = evaluated["metrics"]
+    data = inputs.data
     summary = {
         "task": c["task"]["name"],
+        "benchmark": data.benchmark,
+        "task_label": data.label,
+        "metric_names": list(data.metrics),
         "run_name": c["run_name"],
         "seed": c["seed"],
         "init_from": str(c["model"]["init_from"]),
-        "train_examples": len(prepared.inputs.train),
+        "train_examples": len(inputs.train),
         "train_features": prepared.num_train_features,
-        "eval_examples": len(prepared.inputs.eval or []),
+        "eval_examples": sum(len(d) for d in inputs.evals.values()),
         **metric_values,
         "metrics": metric_values,
+        "files": evaluated["files"],
         **facts,
+        "plan": prepared.plan(),
         "run_dir": str(run_dir),
     }
     curves = write_curves(  # the loss curve (and the final metrics) next to summary.json
-        trainer.loggers,
+        built.trainer.loggers,
         run_dir,
         f"omnibert-finetune {c['run_name']}: {facts['steps']} steps",
         final={k: float(v) for k, v in metric_values.items() if isinstance(v, int | float)},

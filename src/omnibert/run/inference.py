@@ -16,7 +16,7 @@ from typing import Any
 
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = ["Finetuned", "export_hf_question_answering", "load_finetuned"]
+__all__ = ["Finetuned", "export_hf_question_answering", "load_finetuned", "task_class"]
 
 FINAL = Path("checkpoints") / "final.ckpt"
 
@@ -44,11 +44,18 @@ def _checkpoint_file(path: Path) -> Path:
     return path
 
 
+def task_class(recipe: dict[str, Any]) -> Any:
+    """The LightningModule a fine-tuned recipe was trained with: question answering for a
+    recipe with windows (``doc_stride``; SQuAD), sequence classification otherwise."""
+    from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
+
+    squad = "doc_stride" in recipe or recipe.get("format") == "squad"
+    return QuestionAnsweringTask if squad else SequenceClassificationTask
+
+
 def load_finetuned(path: str | Path) -> Finetuned:
     """The fine-tuned task stored at ``path`` (a run directory or a ``.ckpt``), in eval mode."""
     import torch
-
-    from omnibert.run.finetuning import FORMATS
 
     file = _checkpoint_file(Path(path))
     try:
@@ -60,14 +67,12 @@ def load_finetuned(path: str | Path) -> Finetuned:
         ) from err
     hparams = ckpt.get("hyper_parameters") or {}
     recipe = hparams.get("recipe") or {}
-    if recipe.get("format") not in FORMATS:
+    if "data" not in recipe and "format" not in recipe:
         raise FineTuneInputError(
             f"ckpt={file} is not an omnibert-finetune checkpoint (no task recipe); pass the "
-            "run directory of omnibert-finetune task=squad."
+            "run directory of an omnibert-finetune run."
         )
-    import omnibert.tasks as tasks
-
-    task = getattr(tasks, FORMATS[recipe["format"]])(**hparams)
+    task = task_class(recipe)(**hparams)
     task.load_state_dict(ckpt["state_dict"])
     task.eval()
     vocab = Path(hparams.get("vocab_file") or "")

@@ -48,7 +48,17 @@ from omnibert.run.plan import (
     packed_batch_plan,
 )
 
-__all__ = ["Prepared", "Run", "build", "build_task", "check_data", "fit", "prepare", "resolve"]
+__all__ = [
+    "Prepared",
+    "Run",
+    "build",
+    "build_task",
+    "check_data",
+    "fit",
+    "loggers_for",
+    "prepare",
+    "resolve",
+]
 
 log = logging.getLogger("omnibert.train")
 
@@ -63,7 +73,7 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
     )
     validate(cfg)
     task = c.get("task") or {}
-    if task.get("format") is not None:  # conf/task/squad.yaml, mrpc.yaml
+    if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks
         raise TrainConfigError(
             f"task={task.get('name')} is a fine-tuning task; run omnibert-finetune "
             f"task={task.get('name')} (omnibert-train pretrains: task=pretraining)."
@@ -420,12 +430,18 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
 def build_loggers(prepared: Prepared) -> list[Any]:
     """The configured loggers (``logger=csv``, ``[csv,wandb]``, ...), each given the resolved
     config, the plan and the environment report."""
-    loggers = _instantiate_all(prepared.cfg.get("logger"))
     facts = {
         "config": prepared.c,
         "plan": prepared.plan.to_dict(),
         "environment": prepared.environment,
     }
+    return loggers_for(prepared.cfg.get("logger"), facts)
+
+
+def loggers_for(nodes: DictConfig | None, facts: dict[str, Any]) -> list[Any]:
+    """The logger nodes (``cfg.logger``) instantiated, each given ``facts`` (the resolved
+    config, the plan, ...) as its hyper-parameters: pretraining and fine-tuning alike."""
+    loggers = _instantiate_all(nodes)
     for logger in loggers:
         logger.log_hyperparams(facts)
     return loggers

@@ -1,5 +1,5 @@
-"""Fine-tuning LightningModules: extractive QA (SQuAD) and sentence-pair classification
-(GLUE MRPC) on the BERT encoder.
+"""Fine-tuning LightningModules: extractive QA (SQuAD) and sentence (pair) classification or
+regression (GLUE; STS-B with one output) on the BERT encoder.
 
 Like :class:`~omnibert.tasks.PretrainingTask` they keep plain data in ``hparams`` (the model
 config, the optimiser and schedule ``_target_`` dicts, the task's recipe, where the encoder
@@ -31,6 +31,7 @@ from omnibert.models.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
 )
+from omnibert.optim.sharding import attach_shard_group
 from omnibert.tasks.pretraining import plain
 
 __all__ = ["FineTuningTask", "QuestionAnsweringTask", "SequenceClassificationTask"]
@@ -46,9 +47,12 @@ class FineTuningTask(pl.LightningModule):
             ``total_steps``; ``None`` keeps the LR constant.
         total_steps: the run's optimiser steps (epochs × steps per epoch).
         recipe: the task node's settings (``conf/task/<name>.yaml`` without ``_target_``):
-            sequence lengths, post-processing limits, ...; inference reads them back.
+            sequence lengths, post-processing limits, the ``data`` node
+            (:mod:`omnibert.finetune.spec`), ...; inference reads them back.
         init_from: where the encoder came from (recorded; the app loads it).
         vocab_file: the vocab.txt the data is tokenised with (the run's copy).
+        **settings: the task node's keys when the app instantiates it
+            (``instantiate(cfg.task)(...)``): merged into ``recipe``.
     """
 
     head = "question_answering"
@@ -62,16 +66,18 @@ class FineTuningTask(pl.LightningModule):
         recipe: Mapping[str, Any] | None = None,
         init_from: str | None = None,
         vocab_file: str | None = None,
+        **settings: Any,
     ) -> None:
         super().__init__()
         config = BertConfig(**plain(model_config))
+        recipe = {**(plain(recipe) or {}), **(plain(settings) or {})}
         self.save_hyperparameters(
             {
                 "model_config": dataclasses.asdict(config),
                 "optimizer": plain(optimizer),
                 "schedule": plain(schedule),
                 "total_steps": total_steps,
-                "recipe": plain(recipe) or {},
+                "recipe": recipe,
                 "init_from": None if init_from is None else str(init_from),
                 "vocab_file": None if vocab_file is None else str(vocab_file),
             }
@@ -103,6 +109,8 @@ class FineTuningTask(pl.LightningModule):
         optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
             self.model.named_parameters()
         )
+        # FSDP1 (accelerator.strategy=fsdp): LAMB sums its norms over the shards' ranks
+        attach_shard_group(optimizer, self._trainer.model if self._trainer is not None else None)
         if self.hparams["schedule"] is None:
             return optimizer
         total = self.hparams.get("total_steps") or int(self.trainer.max_steps)
@@ -147,7 +155,9 @@ class QuestionAnsweringTask(FineTuningTask):
 
 
 class SequenceClassificationTask(FineTuningTask):
-    """GLUE sentence-pair classification: logits over ``recipe['num_labels']`` classes."""
+    """GLUE sentence(-pair) classification: logits over ``recipe['num_labels']`` classes,
+    cross-entropy; with ``num_labels: 1`` a regression (STS-B): one score, mean squared error
+    (Hugging Face's ``problem_type="regression"``)."""
 
     head = "classification"
 
@@ -162,5 +172,9 @@ class SequenceClassificationTask(FineTuningTask):
         return logits
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        loss = BertForSequenceClassification.loss(self(batch), batch["labels"])
+        logits = self(batch)
+        if logits.shape[-1] == 1:
+            loss = torch.nn.functional.mse_loss(logits[:, 0], batch["labels"].float())
+        else:
+            loss = BertForSequenceClassification.loss(logits, batch["labels"])
         return self._record(loss)

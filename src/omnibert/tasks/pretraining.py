@@ -44,6 +44,7 @@ from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
+from omnibert.optim.sharding import attach_shard_group
 from omnibert.run.checks import architecture_diffs
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class PretrainingTask(pl.LightningModule):
             {"mlm": LabelHistogram(config.vocab_size), "nsp": LabelHistogram(2)}
         )
         self.clipper: MicroBatchClipper | None = None
+        self._shard_group: Any = None  # FSDP1's group when parameters are shards
         self.last_validation: dict[str, float] | None = None
         self._train_sums: Tensor | None = None
 
@@ -282,12 +284,19 @@ class PretrainingTask(pl.LightningModule):
         sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
         s = dict(zip(TRAIN_STATS, sums, strict=True))
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grad_norm = global_grad_norm(grads)
+        if self._shard_group is not None:  # each rank holds shards: sum the squares
+            import torch.distributed as dist
+
+            squared = grad_norm.square()
+            dist.all_reduce(squared, group=self._shard_group)
+            grad_norm = squared.sqrt()
         metrics = {
             "train/mlm_loss": s["mlm_loss"] / s["n"],
             "train/nsp_loss": s["nsp_loss"] / s["n"],
             "train/mlm_acc": s["mlm_correct"] / s["mlm_count"].clamp(min=1.0),
             "train/nsp_acc": s["nsp_correct"] / s["nsp_count"].clamp(min=1.0),
-            "train/grad_norm": global_grad_norm(grads),
+            "train/grad_norm": grad_norm,
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
         self.log("train/loss", s["loss"] / s["n"], on_step=True, on_epoch=False, prog_bar=True)
@@ -347,7 +356,16 @@ class PretrainingTask(pl.LightningModule):
         optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
             self.model.named_parameters()
         )
+        # FSDP1 (accelerator.strategy=fsdp): LAMB sums its norms over the shards' ranks
+        wrapped = self._trainer.model if self._trainer is not None else None
+        self._shard_group = attach_shard_group(optimizer, wrapped)
         clip = self.hparams["clip_grad_per_micro_batch"]
+        if clip is not None and self._shard_group is not None:
+            raise UserError(
+                "clip_grad_per_micro_batch (MLPerf's per-micro-batch clipping) is not "
+                "implemented for sharded parameters; with accelerator.strategy=fsdp set "
+                "clip_grad_per_micro_batch=null (LAMB clips the accumulated gradient)."
+            )
         if clip is not None:
             self.clipper = MicroBatchClipper(
                 self.model.parameters(),
