@@ -136,12 +136,12 @@ def test_out_of_memory_in_the_step_is_reported_and_other_errors_are_not_hidden(
 
 
 def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path):
-    sweep = tmp_path / "sweep"
+    sweep = tmp_path / "sweep1" / "multirun"  # under paths.output_root
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
         [
             *(sys.executable, "-m", "omnibert.apps.train", "-m", *SMOKE),
-            *(f"paths.output_root={tmp_path}", "micro_batch_size=2,4", f"hydra.sweep.dir={sweep}"),
+            *(f"paths.output_root={tmp_path / 'sweep1'}", "micro_batch_size=2,4"),
         ],
         cwd=tmp_path,
         env=env,
@@ -150,15 +150,15 @@ def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    # one directory per job, named after its overrides (conf/hydra/default.yaml)
-    small, large = (
-        json.loads(
-            (sweep / f"compile_only=True,data.num_workers=0,experiment=smoke,micro_batch_size={n}")
-            .joinpath("compile_report.json")
-            .read_text()
-        )
-        for n in (2, 4)
-    )
+    # one directory per job, named by its number and the swept value (conf/hydra/default.yaml);
+    # the job's whole command line is in its .hydra/overrides.yaml
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0-micro_batch_size=2", "1-micro_batch_size=4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep1"]  # no multirun/ beside
+    overrides = (sweep / jobs[0] / ".hydra" / "overrides.yaml").read_text()
+    assert f"paths.output_root={tmp_path / 'sweep1'}" in overrides
+    assert "micro_batch_size=2" in overrides and "experiment=smoke" in overrides
+    small, large = (json.loads((sweep / job / "compile_report.json").read_text()) for job in jobs)
     assert small["batch"]["micro_batch_size"] == 2 and large["batch"]["micro_batch_size"] == 4
     assert small["batch"]["accumulate_grad_batches"] == 4
     assert large["batch"]["accumulate_grad_batches"] == 2

@@ -93,6 +93,13 @@ def test_eval_samples_limits_the_set(trained):
     assert report["samples"] == 10
 
 
+def test_progress_is_lines_when_stdout_is_not_a_terminal(trained, capsys):
+    _eval(trained, f"ckpt={trained['ckpt']}")
+    out = capsys.readouterr().out
+    assert "\r" not in out  # no tqdm bar in a log file
+    assert out.splitlines()[0].startswith("omnibert-eval: evaluating ")
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [

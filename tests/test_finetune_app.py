@@ -137,10 +137,17 @@ def test_a_seed_sweep_gives_a_run_per_seed_and_the_spread(tmp_path, tiny_hf, mrp
     out = subprocess.run(
         [str(script), "-m", "task=mrpc", f"data.train_file={train}", f"data.eval_file={dev}",
          f"model.init_from={tiny_hf}", "task.lr=5e-4", "seed=1,2,3", f"hydra.sweep.dir={sweep}",
-         *FAST],
+         *FAST, "trainer.enable_progress_bar=true"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
+    # each message once per job, no avoidable warning, progress as lines (stdout is a pipe)
+    both = out.stdout + out.stderr
+    assert out.stdout.count("new (freshly initialised) keys: classifier.weight") == 3
+    assert "fresh parameters" not in both and "GPU available" in both
+    assert both.count("GPU available") == 3
+    assert "LeafSpec" not in both and "log_every_n_steps" not in both
+    assert "\r" not in both and out.stdout.count("omnibert-finetune: step 2/2 (100%)") == 3
     summaries = sorted(sweep.glob("*/summary.json"))
     assert len(summaries) == 3
     seeds = sorted(json.loads(p.read_text())["seed"] for p in summaries)

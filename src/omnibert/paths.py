@@ -3,13 +3,23 @@ naming its key instead of a traceback after minutes of work."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omnibert.errors import UserError
 
-__all__ = ["PathError", "check_writable_dir"]
+__all__ = [
+    "PathError",
+    "check_writable_dir",
+    "check_writable_file",
+    "hydra_output_discarded_when_refused",
+    "note_hydra_dir",
+]
 
 
 class PathError(UserError):
@@ -59,3 +69,67 @@ def check_writable_dir(path: str | Path, key: str) -> Path:
         ) from err
     probe.rmdir()
     return target
+
+
+def check_writable_file(path: str | Path, key: str) -> Path:
+    """``path`` as given, once it is known to name a file this process can write (not a
+    directory; its folder exists or can be created, and takes new entries); raises
+    :class:`PathError` naming ``key`` otherwise, leaving nothing behind."""
+    target = Path(path)
+    if target.is_dir():
+        raise PathError(f"{key}={path} is a directory; name a file in it instead.")
+    parent = Path(os.path.abspath(target)).parent
+    try:
+        check_writable_dir(parent, key)
+    except PathError as err:
+        raise PathError(str(err).replace(f"{key}={parent}", f"{key}={path}", 1)) from None
+    return target
+
+
+#: the nearest directory that existed before Hydra created its run directory (set by
+#: :func:`omnibert.apps.preflight.check_command_line`): empty folders below it are Hydra's
+_EXISTING_BEFORE: list[Path] = []
+
+
+def note_hydra_dir(path: str | Path) -> None:
+    """Remember where Hydra's run (or sweep) directory ``path`` starts to be created."""
+    _EXISTING_BEFORE[:] = [_nearest_existing(Path(os.path.abspath(path)))]
+
+
+@contextmanager
+def hydra_output_discarded_when_refused() -> Iterator[None]:
+    """Inside a Hydra app: a refusal (a :class:`UserError`) removes the job's output
+    directory when it holds only what Hydra put there (``.hydra/``, ``<job>.log``), and the
+    empty folders Hydra created above it, so a refused run leaves nothing behind."""
+    try:
+        yield
+    except UserError:
+        _discard_hydra_output()
+        raise
+
+
+def _discard_hydra_output() -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.get()
+    output = Path(str(hydra.runtime.output_dir))
+    if not output.is_dir():
+        return
+    ours = {str(hydra.output_subdir), f"{hydra.job.name}.log"}
+    if any(entry.name not in ours for entry in output.iterdir()):
+        return  # the app wrote something there: it stays
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        name = getattr(handler, "baseFilename", None)
+        if name is not None and Path(name).parent == output:
+            root.removeHandler(handler)
+            handler.close()
+    shutil.rmtree(output, ignore_errors=True)
+    if not _EXISTING_BEFORE:
+        return
+    stop, parent = _EXISTING_BEFORE[0], output.parent
+    while stop in parent.parents and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent

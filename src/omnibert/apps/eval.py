@@ -11,10 +11,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from omnibert.apps.app_schemas import check_eval
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
+from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 
 register()
 
@@ -23,6 +25,9 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """Evaluate as configured; the report is printed and written as JSON."""
     from omnibert.run.evaluation import evaluate
 
+    check_eval(cfg)
+    if cfg.get("out"):  # before the evaluation, not after it
+        check_writable_file(str(cfg.out), "out")
     report = evaluate(cfg, output_dir)
     paths = [] if output_dir is None else [output_dir / "eval.json"]
     if cfg.get("out"):
@@ -54,11 +59,12 @@ def run_or_exit(cfg: DictConfig, output_dir: Path | None) -> dict[str, Any]:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    with exit_on("omnibert-eval"), hydra_output_discarded_when_refused():
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
 def main() -> None:
-    preflight("omnibert-eval", "eval", ())  # `out` is a file: its folder is made on write
+    preflight("omnibert-eval", "eval", (), (check_eval,), output_files=("out",))
     _hydra_main()
 
 

@@ -22,7 +22,7 @@ from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.errors import exit_on
 from omnibert.models import BertForPreTraining
-from omnibert.paths import check_writable_dir
+from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
 from omnibert.tokenization.vocab import sha256_file
 
 register()
@@ -112,7 +112,7 @@ def checked_vocab(ckpt: str, given: str | None, hparams: dict[str, Any]) -> str:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def _hydra_main(cfg: DictConfig) -> None:
-    with exit_on("omnibert-export"):
+    with exit_on("omnibert-export"), hydra_output_discarded_when_refused():
         run(cfg)
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from omnibert.apps.app_schemas import check_finetune
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
+from omnibert.paths import hydra_output_discarded_when_refused
 
 register()
 
@@ -32,6 +34,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Fine-tune as configured; returns the summary (also written to the run directory)."""
     from omnibert.run.finetuning import check_inputs
 
+    check_finetune(cfg)
     check_inputs(cfg)  # config and data files, before torch and Lightning are imported
     from omnibert.run.finetuning import run as run_finetuning
 
@@ -59,7 +62,8 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
 def _hydra_main(cfg: DictConfig) -> float | None:
     """One run; returns its first metric (the task's ``task.data.metrics[0]``; for MNLI on
     the matched set) for a sweeper."""
-    summary = run_or_exit(cfg)
+    with exit_on("omnibert-finetune"), hydra_output_discarded_when_refused():
+        summary = run(cfg)
     metrics = summary.get("metrics") or {}
     names = summary.get("metric_names") or []
     value = next((v for k, v in metrics.items() if names and k.startswith(names[0])), None)
@@ -67,7 +71,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS)
+    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS, (check_finetune,))
     _hydra_main()
 
 

@@ -19,6 +19,7 @@ from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
+from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 
 register()
 
@@ -43,6 +44,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Predict as configured; returns ``{"answer", "score", "probability"}`` for one question
     or ``{"predictions", "out", ...metrics}`` for a file."""
     _check(cfg)
+    if cfg.get("out"):
+        check_writable_file(str(cfg.out), "out")
     from omnibert.accelerators import build_plugin
     from omnibert.finetune.squad import SquadExample, read_squad, write_predictions
     from omnibert.finetune.tokenizer import build_tokenizer
@@ -94,11 +97,12 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="predict")
 def _hydra_main(cfg: DictConfig) -> None:
-    run_or_exit(cfg)
+    with exit_on("omnibert-predict"), hydra_output_discarded_when_refused():
+        run(cfg)
 
 
 def main() -> None:
-    preflight("omnibert-predict", "predict", ())
+    preflight("omnibert-predict", "predict", (), output_files=("out",))
     _hydra_main()
 
 

@@ -26,9 +26,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from omnibert.errors import UserError, exit_on
-from omnibert.paths import check_writable_dir
+from omnibert.paths import check_writable_dir, check_writable_file, note_hydra_dir
 
-__all__ = ["ConfigKeyError", "MissingPathError", "check_command_line", "check_paths", "preflight"]
+__all__ = [
+    "ConfigKeyError",
+    "ConfigTypeError",
+    "MissingPathError",
+    "check_command_line",
+    "check_paths",
+    "preflight",
+]
 
 Check = Callable[[Any], None]
 
@@ -41,13 +48,21 @@ class MissingPathError(UserError):
     """An input path of the config does not exist."""
 
 
+class ConfigTypeError(UserError):
+    """A value of the wrong type for its key (``max_seq_length=abc``)."""
+
+
 def preflight(
-    app: str, config_name: str, output_keys: Sequence[str], checks: Sequence[Check] = ()
+    app: str,
+    config_name: str,
+    output_keys: Sequence[str],
+    checks: Sequence[Check] = (),
+    output_files: Sequence[str] = (),
 ) -> Any:
     """:func:`check_command_line` on ``sys.argv``; a problem is one line and exit code 2.
     Returns the composed config (None when it was not composed)."""
     with exit_on(app):
-        return check_command_line(config_name, output_keys, sys.argv[1:], checks)
+        return check_command_line(config_name, output_keys, sys.argv[1:], checks, output_files)
 
 
 def check_command_line(
@@ -55,10 +70,11 @@ def check_command_line(
     output_keys: Sequence[str],
     argv: Sequence[str],
     checks: Sequence[Check] = (),
+    output_files: Sequence[str] = (),
 ) -> Any:
     """Raise :class:`ConfigKeyError` for an unknown key or group option in ``argv``,
-    :class:`omnibert.paths.PathError` when an ``output_keys`` directory or Hydra's run (or
-    sweep) directory cannot be written, and what ``checks`` raise for the composed config
+    :class:`omnibert.paths.PathError` when an ``output_keys`` directory, an ``output_files``
+    file or Hydra's run (or sweep) directory cannot be written, and what ``checks`` raise for the composed config
     (a :class:`UserError` only: anything else is left for the app to report). Returns the
     composed config of a run that will write, else None."""
     args = _parse(argv)
@@ -77,6 +93,12 @@ def check_command_line(
         value = _select(cfg, key)
         if isinstance(value, str) and value and value != "???":
             check_writable_dir(value, key)
+            if key == hydra_dir:
+                note_hydra_dir(value)
+    for key in output_files:
+        value = _select(cfg, key)
+        if isinstance(value, str) and value and value != "???":
+            check_writable_file(value, key)
     for check in checks:
         try:
             check(cfg)
@@ -142,6 +164,7 @@ def _compose(config_name: str, overrides: list[str]) -> Any:
     except MissingConfigException as err:
         _missing_option(err, overrides)
     except ConfigCompositionException as err:
+        _wrong_type(err)
         match = re.match(r"Could not override '([^']+)'", str(err))
         if match is None:
             return None
@@ -149,6 +172,34 @@ def _compose(config_name: str, overrides: list[str]) -> Any:
     except Exception:
         return None
     return None
+
+
+#: the first line of OmegaConf's conversion error -> what the value is not
+_EXPECTED = (
+    ("converted to Integer", "is not an integer"),
+    ("converted to Float", "is not a number"),
+    ("is not a valid bool", "is not true or false"),
+    ("is not Optional", "cannot be null"),
+    ("Cannot assign", "is not a mapping of keys to values"),
+)
+
+
+def _wrong_type(err: Exception) -> None:
+    """Raise :class:`ConfigTypeError` when composing failed on a value the schema does not
+    accept (OmegaConf's ``ValidationError`` behind Hydra's exception names the key)."""
+    from omegaconf.errors import ValidationError
+
+    cause = err.__cause__
+    if not isinstance(cause, ValidationError) or not getattr(cause, "full_key", None):
+        return
+    key = str(cause.full_key)
+    first = str(getattr(cause, "msg", "") or "").split("\n", 1)[0]
+    problem = next((said for found, said in _EXPECTED if found in first), None)
+    if problem is None:
+        problem = f"is not accepted ({first.rstrip('.')})"
+    value = getattr(cause, "value", None)
+    shown = "null" if value is None else str(value)
+    raise ConfigTypeError(f"{key}={shown} {problem}; fix {key}.")
 
 
 def _unknown_key(bad: str, config_name: str, overrides: list[str]) -> None:

@@ -15,13 +15,15 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from omnibert.apps.app_schemas import check_prepare
 from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import preflight
 from omnibert.apps.schema import register
 from omnibert.data.pack_index import PackIndex, PackIndexError
 from omnibert.errors import exit_on
-from omnibert.paths import check_writable_dir
+from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
 from omnibert.prepare.instances import InstanceSettings
+from omnibert.prepare.output_dir import discarded_when_refused
 from omnibert.prepare.pack_index import build_pack_index, check_pack_settings
 from omnibert.prepare.pipeline import PrepareError, expand_input_files, prepare
 
@@ -31,6 +33,7 @@ log = logging.getLogger("omnibert.apps.prepare")
 
 
 def run(cfg: DictConfig) -> None:
+    check_prepare(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if cfg.pack.enabled:
         _check_pack(cfg)
@@ -85,20 +88,21 @@ def run(cfg: DictConfig) -> None:
         print(f"trained {trained}", flush=True)
         if trained.shortfall is not None:
             shortfalls.append(trained.shortfall)
-    summary = prepare(
-        input_files,  # type: ignore[arg-type]
-        vocab_file,
-        cfg.output_dir,
-        settings,
-        do_lower_case=cfg.do_lower_case,
-        input_format=cfg.input_format,
-        num_workers=cfg.num_workers,
-        eval_samples=cfg.eval_samples,
-        overwrite=cfg.overwrite,
-        max_shard_size=cfg.max_shard_size,
-        progress=cfg.progress,
-        shortfalls=shortfalls,
-    )
+    with discarded_when_refused(Path(cfg.output_dir)):
+        summary = prepare(
+            input_files,  # type: ignore[arg-type]
+            vocab_file,
+            cfg.output_dir,
+            settings,
+            do_lower_case=cfg.do_lower_case,
+            input_format=cfg.input_format,
+            num_workers=cfg.num_workers,
+            eval_samples=cfg.eval_samples,
+            overwrite=cfg.overwrite,
+            max_shard_size=cfg.max_shard_size,
+            progress=cfg.progress,
+            shortfalls=shortfalls,
+        )
     print(summary.render())
     if cfg.pack.enabled:
         _pack(cfg)
@@ -149,12 +153,12 @@ def render_pack_summary(index: PackIndex) -> str:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="prepare")
 def _hydra_main(cfg: DictConfig) -> None:
-    with exit_on("omnibert-prepare"):
+    with exit_on("omnibert-prepare"), hydra_output_discarded_when_refused():
         run(cfg)
 
 
 def main() -> None:
-    preflight("omnibert-prepare", "prepare", ("output_dir",))
+    preflight("omnibert-prepare", "prepare", ("output_dir",), (check_prepare,))
     _hydra_main()
 
 

@@ -182,10 +182,13 @@ def register() -> None:
         return
     from hydra.core.config_store import ConfigStore
 
+    from omnibert.apps.app_schemas import SCHEMAS
     from omnibert.run.sweeps import register_resolvers
 
     register_resolvers()
     store = ConfigStore.instance()
+    for name, node in SCHEMAS.items():
+        store.store(name=name, node=node)
     store.store(name="pretrain_schema", node=PretrainConfig)
     store.store(group="schema", name="pack", node=PackNode)
     _REGISTERED = True

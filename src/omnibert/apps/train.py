@@ -20,12 +20,13 @@ from omnibert.apps.compose import CONFIG_PATH
 from omnibert.apps.preflight import check_paths, preflight
 from omnibert.apps.schema import register, validate
 from omnibert.errors import exit_on
+from omnibert.paths import hydra_output_discarded_when_refused
 from omnibert.threads import set_wait_policy_env
 
 register()
 
 #: the directories a run writes, checked before Hydra creates its run directory in them
-OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir")
+OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir", "paths.log_dir")
 
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
@@ -136,7 +137,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     Optuna, ``hydra/sweeper=optuna_mlm``, maximises), None without an eval set."""
     from hydra.core.hydra_config import HydraConfig
 
-    summary = run_or_exit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    with exit_on("omnibert-train"), hydra_output_discarded_when_refused():
+        summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
     return final_mlm_accuracy(summary)
 
 

@@ -7,7 +7,11 @@ with the setting or input file that differs unless ``overwrite=true``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,36 +34,81 @@ def check_output_dir(
     """The ``metadata.json`` of ``output_dir`` when it already holds exactly this data
     (``fingerprint``), else None (work to do). Raises when it holds something else, unless
     ``overwrite``; ``identity`` is the new data's ``settings``, ``vocab`` and ``inputs`` as
-    :func:`omnibert.prepare.metadata.build_metadata` records them, to name what differs."""
+    :func:`omnibert.prepare.metadata.build_metadata` records them, to name what differs.
+
+    Only what omnibert's own records list is ever replaced or removed (:func:`owned_entries`):
+    a directory with an entry they do not list is refused, with or without ``overwrite``."""
     if not output_dir.exists():
         return None
     if not output_dir.is_dir():
         raise PrepareError(f"output_dir {str(output_dir)!r} is a file; choose a directory.")
+    existing, owned = owned_entries(output_dir)
+    foreign = sorted(p.name for p in output_dir.iterdir() if p.name not in owned)
+    same = existing is not None and existing.get("fingerprint") == fingerprint
+    if same and not any(name.endswith(".arrow") for name in foreign):
+        return existing  # this very data: checked and repaired file by file, the rest untouched
+    if foreign:
+        raise PrepareError(
+            f"output_dir {str(output_dir)!r} holds {foreign[0]!r}, not written by "
+            "omnibert-prepare (no record of ours lists it); choose an empty or new directory "
+            "(overwrite=true only replaces files omnibert-prepare wrote)."
+        )
+    if existing and not overwrite:
+        raise PrepareError(
+            f"output_dir {str(output_dir)!r} already holds data prepared from other inputs "
+            f"or settings ({difference(existing, identity)}); choose another output_dir or "
+            "pass overwrite=true to replace it."
+        )
+    if existing is not None or overwrite:  # a damaged metadata.json (existing == {}): redo
+        _remove(output_dir, owned)
+    return None
+
+
+#: entries every directory of ours may hold besides its Arrow files
+_FIXED = (schema.METADATA_FILE, "state.json", "dataset_info.json", shards.PARTS_DIR, "packs")
+_TEMPORARY = re.compile(r"\.(metadata|state)\.json\.tmp-\d+")
+_ARROW = re.compile(r"data-\d{5}-\d{5}\.arrow")
+
+
+def owned_entries(output_dir: Path) -> tuple[dict[str, Any] | None, set[str]]:
+    """``(metadata, names)``: the directory's ``metadata.json`` (``{}`` when it is damaged,
+    None when there is none) and the names of its entries that omnibert-prepare's records
+    say it wrote: the Arrow files ``metadata.json`` lists (with ``state.json``,
+    ``dataset_info.json``, ``packs/``); for an unfinished run (no ``metadata.json``, a
+    ``.parts/`` work directory) or a damaged ``metadata.json``, the Arrow files of our
+    ``data-PPPPP-KKKKK.arrow`` naming. Nothing (an empty set) when no record of ours is
+    there: such a directory was not written by omnibert-prepare."""
     meta_path = output_dir / schema.METADATA_FILE
+    existing: dict[str, Any] | None = None
     if meta_path.is_file():
         try:
-            existing: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
+            existing = json.loads(meta_path.read_text(encoding="utf-8"))
         except ValueError:
-            existing = {}  # a damaged metadata.json: ours (written_by_us), redo everything
-        if existing.get("fingerprint") == fingerprint:
-            return existing
-        if not overwrite and existing:
-            raise PrepareError(
-                f"output_dir {str(output_dir)!r} already holds data prepared from other inputs "
-                f"or settings ({difference(existing, identity)}); choose another output_dir or "
-                "pass overwrite=true to replace it."
-            )
-        shards.remove_outputs(output_dir)
-        return None
-    foreign = [p.name for p in output_dir.iterdir() if not shards.written_by_us(p)]
-    if foreign and not overwrite:
-        raise PrepareError(
-            f"output_dir {str(output_dir)!r} is not empty and was not written by omnibert-prepare "
-            f"(it holds {foreign[0]!r}); choose an empty or new directory."
-        )
-    if overwrite:
-        shards.remove_outputs(output_dir)
-    return None
+            existing = {}
+        if not isinstance(existing, dict):
+            existing = {}
+    unfinished = (output_dir / shards.PARTS_DIR).is_dir()
+    if existing is None and not unfinished:
+        return None, set()
+    names = set(_FIXED)
+    records = (existing or {}).get("files")
+    if isinstance(records, list) and records and not unfinished:
+        names |= {str(r.get("filename")) for r in records if isinstance(r, dict)}
+    else:
+        names |= {p.name for p in output_dir.iterdir() if _ARROW.fullmatch(p.name)}
+    names |= {p.name for p in output_dir.iterdir() if _TEMPORARY.fullmatch(p.name)}
+    return existing, names
+
+
+def _remove(output_dir: Path, owned: set[str]) -> None:
+    """Delete the entries of ``output_dir`` named in ``owned`` (and nothing else)."""
+    for path in output_dir.iterdir():
+        if path.name not in owned:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def difference(existing: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
@@ -107,3 +156,32 @@ def damaged_files(output_dir: Path, metadata: Mapping[str, Any]) -> list[tuple[A
     if not all((output_dir / name).is_file() for name in ("state.json", "dataset_info.json")):
         return [(record, "is not listed (state.json is missing)") for record in records]
     return file_problems(output_dir, records, rows=False, checksums=True)
+
+
+@contextmanager
+def discarded_when_refused(output_dir: Path) -> Iterator[None]:
+    """A refusal (a :class:`UserError`) inside the block, of a run that found no
+    ``output_dir``, leaves none behind (no empty directory, no ``.parts/``) unless a part
+    with rows was finished: that one stays for the re-run to resume from."""
+    absolute = Path(os.path.abspath(output_dir))
+    existed = next(p for p in (absolute, *absolute.parents) if p.exists())
+    try:
+        yield
+    except UserError:
+        if existed != absolute and absolute.is_dir() and not _finished_rows(absolute):
+            shutil.rmtree(absolute, ignore_errors=True)
+            parent = absolute.parent  # and the folders it was created in
+            while parent != existed and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+        raise
+
+
+def _finished_rows(output_dir: Path) -> bool:
+    for record in (output_dir / shards.PARTS_DIR).glob(f"*/{shards.PART_FILE}"):
+        try:
+            if json.loads(record.read_text(encoding="utf-8")).get("instances", 0) > 0:
+                return True
+        except ValueError:
+            continue
+    return False

@@ -185,8 +185,7 @@ def build_pack_index(
     index was already there). With `max_predictions_per_pack`, packs holding more masked
     positions are split (see `split_over_budget`); without, the largest pack's count is
     recorded as the P a packed batch needs."""
-    from tqdm import tqdm
-
+    from omnibert.logs import progress_bar
     from omnibert.packing import pack_lengths
 
     start = time.perf_counter()
@@ -213,7 +212,7 @@ def build_pack_index(
             "pack.overwrite=true to replace it or choose another pack.name."
         )
     size = int(meta["settings"]["max_seq_length"])
-    bar = tqdm(total=3, desc="pack index", unit="step", disable=not progress)
+    bar = progress_bar(3, "pack index", "step", progress)
     try:
         import datasets
 

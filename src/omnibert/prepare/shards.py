@@ -218,21 +218,3 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-
-
-def written_by_us(path: Path) -> bool:
-    """Whether ``path`` (an entry of an output directory) is one omnibert-prepare writes."""
-    # packs/: pack indexes (omnibert.prepare.pack_index) made for the data being replaced
-    names = (METADATA_FILE, "state.json", "dataset_info.json", PARTS_DIR, "packs")
-    return path.name in names or (path.name.startswith("data-") and path.suffix == ".arrow")
-
-
-def remove_outputs(output_dir: Path) -> None:
-    """Delete what a previous run of ours wrote (and nothing else)."""
-    for path in output_dir.iterdir():
-        if not written_by_us(path):
-            continue
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from omnibert.data import schema
+from omnibert.logs import progress_bar
 from omnibert.prepare import shards
 from omnibert.prepare.instances import (
     InputFileError,
@@ -127,7 +127,7 @@ def run_jobs(jobs: list[PrepareJob], num_workers: int, progress: bool) -> dict[i
     an input file error or a worker killed from outside stops the run with one sentence,
     every part finished so far kept for the next run to resume."""
     results: dict[int, PartStats] = {}
-    bar = tqdm(total=len(jobs), unit="file", desc="omnibert-prepare", disable=not progress)
+    bar = progress_bar(len(jobs), "omnibert-prepare", "file", progress)  # lines in a log file
     try:
         if num_workers == 1 or len(jobs) == 1:
             for job in jobs:
@@ -231,7 +231,7 @@ def _run_one(job: PrepareJob) -> PartStats:
         raise PrepareError(str(err)) from err
 
 
-def _advance(bar: tqdm, results: dict[int, PartStats]) -> None:
+def _advance(bar: Any, results: dict[int, PartStats]) -> None:
     bar.update(1)
     bar.set_postfix(
         instances=f"{sum(p.instances for p in results.values()):,}",

@@ -22,6 +22,7 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
+from omnibert.models.config import RUNTIME_FIELDS
 from omnibert.run.plan import TrainConfigError
 
 #: written next to last.ckpt by a run stopped at its time limit (omnibert.callbacks.requeue)
@@ -201,7 +202,9 @@ def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
         ) from err
     theirs = (saved.get("hyper_parameters") or {}).get("model_config") or {}
     diffs = [
-        f"{k}={theirs.get(k)!r} (now {v!r})" for k, v in model_config.items() if theirs.get(k) != v
+        f"{k}={theirs.get(k)!r} (now {v!r})"
+        for k, v in model_config.items()
+        if theirs.get(k) != v and k not in RUNTIME_FIELDS  # e.g. attention: any backend resumes
     ]
     if diffs:
         raise TrainConfigError(
@@ -251,7 +254,7 @@ def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> li
     return [
         f"{k}={saved.get(k)!r} (this model: {v!r})"
         for k, v in model.items()
-        if k not in REGULARISATION_FIELDS and saved.get(k) != v
+        if k not in (*REGULARISATION_FIELDS, *RUNTIME_FIELDS) and saved.get(k) != v
     ]
 
 

@@ -12,6 +12,7 @@ over the whole set and every device (not a mean of batch means).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,17 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     from omnibert.accelerators import build_plugin
+    from omnibert.callbacks.progress import line_progress
     from omnibert.compat import seed_everything
     from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.run.target_types import check_target_types
     from omnibert.run.training import quiet_third_party_deprecations
     from omnibert.tasks.pretraining import PretrainingTask
 
     quiet_third_party_deprecations()
 
     c = resolve_config(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>")
+    check_target_types(c)
     size = c["eval_micro_batch_size"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise TrainConfigError(f"eval_micro_batch_size={size!r} must be a positive integer.")
@@ -57,6 +61,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     hardware = plugin.trainer_kwargs(str(c["precision"]))
     trainer = pl.Trainer(
         **hardware,
+        callbacks=line_progress("omnibert-eval", True, sys.stdout.isatty()),
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -174,6 +174,10 @@ class Prepared:
     plugin: Any
     ckpt_path: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: trainer.precision with auto resolved by the accelerator
+    precision: str = "32-true"
+    #: the kernels the run uses (precision, optimiser update; omnibert.run.kernels)
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def plan(self) -> dict[str, Any]:
         """What the run derived (printed, logged with the config, in ``summary.json``)."""
@@ -191,6 +195,8 @@ class Prepared:
             "accumulate_grad_batches": i.accumulate,
             "init_from": str(i.c["model"]["init_from"]),
             "ckpt_path": self.ckpt_path,
+            "precision": self.precision,
+            "kernels": self.kernels,
         }
 
 
@@ -207,10 +213,13 @@ def prepare(cfg: DictConfig) -> Prepared:
     from omnibert.finetune.tokenizer import build_tokenizer
     from omnibert.run.checks import resolve_ckpt_path
     from omnibert.run.finetune_init import load_encoder_source
+    from omnibert.run.target_types import check_target_types
 
     c, recipe = inputs.c, inputs.recipe
+    check_target_types(c)
     plugin = build_plugin(cfg.accelerator)
-    plugin.check_precision(str(c["trainer"].get("precision")))
+    precision, why = plugin.resolve_precision(c["trainer"].get("precision"))
+    plugin.check_precision(precision)
     if plugin.name == "ipu":
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
@@ -242,9 +251,17 @@ def prepare(cfg: DictConfig) -> Prepared:
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(n / (inputs.micro_batch_size * world))
     steps_per_epoch = math.ceil(batches / inputs.accumulate)
+    from omnibert.run.kernels import optimizer_choice
+
+    kernels = {
+        "precision": f"{precision} ({why})",
+        "optimizer": optimizer_choice(c["optimizer"], plugin.device, 0),
+        "compile": "off (omnibert-finetune runs the model eagerly)",
+    }
     return Prepared(
         inputs, loaded, vocab, tokenizer, feats.tensors, n, steps_per_epoch,
-        steps_per_epoch * recipe["epochs"], plugin, ckpt_path,
+        steps_per_epoch * recipe["epochs"], plugin, ckpt_path, precision=precision,
+        kernels=kernels,
     )  # fmt: skip
 
 
@@ -304,7 +321,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     callbacks = select_progress(callbacks, sys.stdout.isatty(), float(inputs.recipe["batch_size"]))
     facts = {"config": c, "plan": prepared.plan()}
     loggers = loggers_for(DictConfig(c.get("logger") or {}), facts)
-    hardware = prepared.plugin.trainer_kwargs(str(c["trainer"].get("precision")))
+    hardware = prepared.plugin.trainer_kwargs(prepared.precision)
     plugins = hardware.pop("plugins")
     trainer = instantiate_node(
         DictConfig(c["trainer"]),
@@ -316,6 +333,14 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
         max_steps=prepared.total_steps,
         max_epochs=inputs.recipe["epochs"],
         accumulate_grad_batches=inputs.accumulate,
+        # at most the micro-batches of an epoch: Lightning warns about a longer interval
+        log_every_n_steps=max(
+            1,
+            min(
+                int(c["trainer"].get("log_every_n_steps") or 50),
+                -(-len(datamodule.dataset) // inputs.micro_batch_size),
+            ),
+        ),
         limit_val_batches=0,
     )
     return Run(prepared, task, trainer, datamodule, new)
@@ -405,7 +430,7 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     (submission files under ``submission/``)."""
     inputs = prepared.inputs
     data, recipe = inputs.data, inputs.recipe
-    autocast = prepared.plugin.autocast(str(inputs.c["trainer"].get("precision")))
+    autocast = prepared.plugin.autocast(prepared.precision)
     metrics: dict[str, float] = {}
     files: dict[str, str] = {}
     several = len(inputs.evals) > 1
@@ -438,6 +463,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f"micro {inputs.micro_batch_size}, accumulation {inputs.accumulate})",
         flush=True,
     )
+    kernels = "; ".join(f"{k} {v}" for k, v in prepared.kernels.items())
+    print(f"omnibert-finetune: kernels: {kernels}", flush=True)
     built = build(prepared, run_dir)
     facts = fit(built)
     if not built.trainer.is_global_zero:

@@ -1,13 +1,14 @@
 """Sweeps (Hydra multirun): a run directory per job, named after the job's overrides, and a
 table of all jobs at the end.
 
+* A multirun lives in ``<paths.output_root>/multirun`` (``multirun/<app>`` for apps
+  without an output root: :func:`sweep_dir`).
 * ``paths.run_dir`` is ``${omnibert.run_dir:<single-run dir>}``: in a single run the stable
   ``<output_root>/<run_name>``; in a multirun the job's own Hydra output directory,
-  ``<hydra.sweep.dir>/<job name>``, where the job name comes from the job's overrides
-  (``${omnibert.job_dirname:${hydra.job.override_dirname}}``: slashes escaped, long names
-  shortened with a hash). Checkpoints, logs, plan and summary of every job live there, so
-  ``ckpt_path=last`` in a re-run of the same sweep resumes each job from its own checkpoint
-  (``ckpt_path`` itself is left out of the name).
+  ``<sweep dir>/<job number>-<swept key>=<value>,...`` (:func:`job_dirname`; the job's full
+  overrides are in its ``.hydra/overrides.yaml``). Checkpoints, logs, plan and summary of
+  every job live there, so ``ckpt_path=last`` in a re-run of the same sweep resumes each job
+  from its own checkpoint (the same jobs get the same numbers and values).
 * :class:`SweepReport` (a Hydra callback) collects every job's ``summary.json`` and
   ``compile_report.json`` when the sweep ends: a table printed and written to
   ``<sweep dir>/sweep_report.{json,md}`` (compile-only: what fits, memory, step time;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SweepReport", "job_dirname", "register_resolvers", "run_dir", "run_id", "sweep_group"]
+__all__ = [
+    "SweepReport",
+    "job_dirname",
+    "register_resolvers",
+    "run_dir",
+    "run_id",
+    "sweep_dir",
+    "sweep_group",
+]
 
-MAX_NAME = 200
+MAX_NAME = 120
 
 
 def run_dir(single: str) -> str:
@@ -44,14 +54,52 @@ def run_dir(single: str) -> str:
     return single
 
 
-def job_dirname(overrides: str) -> str:
-    """A directory name from a job's overrides: ``/`` escaped, at most :data:`MAX_NAME`
-    characters (longer names keep a prefix and a hash of the whole)."""
-    name = overrides.replace("/", "%2F") or "default"
+#: set by :class:`SweepReport` when a multirun starts: the keys the sweep varies
+SWEPT_KEYS_ENV = "OMNIBERT_SWEPT_KEYS"
+
+
+def sweep_dir(output_root: str | None, app: str) -> str:
+    """Where a multirun lives: ``<paths.output_root>/multirun`` for the apps that have an
+    output root (train, finetune), ``multirun/<app>`` for the others."""
+    return f"{output_root}/multirun" if output_root else f"multirun/{app}"
+
+
+def job_dirname(number: Any, overrides: Any) -> str:
+    """A job's directory name: its number, then the value of each key the sweep varies
+    (``3-optimizer.lr=0.0002,seed=2``); the job's full overrides are in its
+    ``.hydra/overrides.yaml``. Without a record of the swept keys (a job started by other
+    means), every override is named. Path separators become ``_``; names over
+    :data:`MAX_NAME` characters keep a prefix and a hash of the whole."""
+    pairs = [str(o).lstrip("+~") for o in (overrides or [])]
+    swept = os.environ.get(SWEPT_KEYS_ENV)
+    if swept is not None:
+        keys = swept.split(",") if swept else []
+        pairs = [p for p in pairs if p.split("=", 1)[0] in keys]
+    pairs = sorted(p.replace("/", "_").replace(os.sep, "_") for p in pairs)
+    name = "-".join([str(number), *([",".join(pairs)] if pairs else [])])
     if len(name) > MAX_NAME:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
         name = f"{name[: MAX_NAME - 11]}-{digest}"
     return name
+
+
+def swept_keys(config: DictConfig) -> list[str]:
+    """The keys a multirun varies: its command line's sweeps (``seed=1,2``, ``range(...)``)
+    and a sweeper's search space (``hydra.sweeper.params``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys: list[str] = []
+    try:
+        task = [str(o) for o in config.hydra.overrides.task]
+        for override in OverridesParser.create().parse_overrides(task):
+            if override.is_sweep_override():
+                keys.append(override.get_key_element().lstrip("+~"))
+    except Exception:  # a grammar Hydra itself reports
+        pass
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+    if params:
+        keys += [str(k) for k in params if str(k) not in keys]
+    return keys
 
 
 def run_id(directory: str) -> str:
@@ -67,7 +115,9 @@ def sweep_group() -> str | None:
     from hydra.types import RunMode
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return Path(str(HydraConfig.get().sweep.dir)).name
+        path = Path(str(HydraConfig.get().sweep.dir))
+        # the default <output_root>/multirun: named by its output root
+        return f"{path.parent.name}/{path.name}" if path.name == "multirun" else path.name
     return None
 
 
@@ -75,6 +125,7 @@ def register_resolvers() -> None:
     resolvers = (
         ("omnibert.run_dir", run_dir),
         ("omnibert.job_dirname", job_dirname),
+        ("omnibert.sweep_dir", sweep_dir),
         ("omnibert.run_id", run_id),
         ("omnibert.sweep_group", sweep_group),
     )
@@ -85,7 +136,8 @@ def register_resolvers() -> None:
 
 def _rows(sweep_dir: Path) -> list[dict[str, Any]]:
     rows = []
-    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    jobs = [p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    for job in sorted(jobs, key=_job_order):
         row: dict[str, Any] = {"job": job.name}
         compile_report = job / "compile_report.json"
         summary = job / "summary.json"
@@ -114,6 +166,12 @@ def _rows(sweep_dir: Path) -> list[dict[str, Any]]:
             continue
         rows.append(row)
     return rows
+
+
+def _job_order(job: Path) -> tuple[int, str]:
+    """Jobs in their numbers' order (``2-...`` before ``10-...``), other names after."""
+    number = job.name.split("-", 1)[0]
+    return (int(number) if number.isdigit() else 1 << 30, job.name)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -146,7 +204,12 @@ def _spread(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 class SweepReport(Callback):
-    """Hydra callback: at the end of a multirun, one table of all its jobs (module doc)."""
+    """Hydra callback: at the start of a multirun, the keys it varies are recorded for the
+    job directories' names (:func:`job_dirname`); at its end, one table of all its jobs
+    (module doc)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

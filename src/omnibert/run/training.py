@@ -40,6 +40,7 @@ from omnibert.run.checks import (
     resolve_vocab_size,
     tf1_bert_config,
 )
+from omnibert.run.kernels import kernel_choices
 from omnibert.run.plan import (
     BatchPlan,
     TrainConfigError,
@@ -119,7 +120,11 @@ def quiet_third_party_deprecations() -> None:
     calling torch's deprecated APIs, not from omnibert (matched by message and by the
     module the warning is attributed to, nothing else): torchdata's ``StatefulDataLoader``
     calls ``torch.set_vital`` (torchdata 0.11), Lightning's ``_pytree`` builds a
-    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10)."""
+    ``LeafSpec`` (Lightning 2.5 with torch >= 2.10). And each Lightning log line once
+    (:func:`omnibert.logs.single_lightning_output`)."""
+    from omnibert.logs import single_lightning_output
+
+    single_lightning_output()
     warnings.filterwarnings(
         "ignore", message=r"'set_vital' is deprecated", category=UserWarning,
         module=r"torchdata\.stateful_dataloader",
@@ -135,20 +140,29 @@ def prepare(cfg: DictConfig) -> Prepared:
     quiet_third_party_deprecations()
     from omnibert.run.profiling import check_profile
     from omnibert.run.slurm import check_slurm_layout
+    from omnibert.run.target_types import check_target_types
 
     c = resolve(cfg)
-    for name in ("output_root", "checkpoint_dir"):  # before any data is read
+    check_target_types(c)  # trainer.max_epochs=abc: named before anything is built
+    for name in ("output_root", "checkpoint_dir", "log_dir"):  # before any data is read
         if c["paths"].get(name) is not None:
             check_writable_dir(c["paths"][name], f"paths.{name}")
     plugin, environment = _plugin(cfg)
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
-    plugin.check_precision(str(c["trainer"].get("precision")))
-    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
+    precision, why = plugin.resolve_precision(c["trainer"].get("precision"))
+    plugin.check_precision(precision)
+    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device, precision)
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    plan = plan_run(c, datamodule, batch, precision)
+    model_config = {**c["model"]["config"], "vocab_size": plan.vocab_size}
+    attention = _plan_attention(c, plugin.name)
+    kernels = kernel_choices(plugin, model_config, c["optimizer"], precision, why)
+    kernels["attention"] = attention  # the backend the model runs (models.attention)
     plan = dataclasses.replace(
-        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
-    )
+        plan, micro_batch_choice=choice.reason, threads=threads, attention=attention,
+        kernels=kernels,
+    )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
         check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
@@ -156,11 +170,26 @@ def prepare(cfg: DictConfig) -> Prepared:
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
 
 
+def _plan_attention(c: dict[str, Any], accelerator: str) -> str:
+    """The attention backend the run uses on this accelerator (model.config.attention: auto
+    resolved), refused before compute where it cannot train (e.g. flex on the CPU)."""
+    from omnibert.models.attention import plan_attention
+
+    model = c["model"]["config"]
+    return plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
+        str(model.get("attention", "auto")),
+        {"gpu": "cuda"}.get(accelerator, accelerator),
+        float(model["attention_probs_dropout_prob"]),
+        int(c["phase"]["max_seq_length"]),
+    )
+
+
 def _batch_and_data(
-    cfg: DictConfig, c: dict[str, Any], device: Any = None
+    cfg: DictConfig, c: dict[str, Any], device: Any = None, precision: str | None = None
 ) -> tuple[BatchPlan, Any, Any]:
     """The batch plan, the data module checked against the data (packing included) and the
-    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read)."""
+    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read;
+    ``precision``: the resolved one, default ``trainer.precision``)."""
     from omnibert.models import BertConfig
     from omnibert.run.memory import choose_micro_batch
 
@@ -186,7 +215,7 @@ def _batch_and_data(
             "masked_lm_positions": [1, datamodule.predictions_per_pack],
             "nsp_labels": [1, datamodule.packing.sequences_per_row_max],
         },
-        precision=str(c["trainer"].get("precision")),
+        precision=precision or str(c["trainer"].get("precision")),
         clip=resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"]),
         device=device if device is not None else torch.device("cpu"),
         requested=None if c.get("compile_only") else requested,  # compile-only reports fits
@@ -204,7 +233,15 @@ def _batch_and_data(
     datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.eval_micro_batch_size = batch.eval_micro_batch_size
     if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
-        batch = packed_batch_plan(batch, datamodule.sequences_per_row, batch.micro_batch_size)
+        # a micro batch the user set is kept; one chosen here for unpacked rows (at most the
+        # per-device batch) is only an upper bound: the step holds global / sequences-per-row
+        # rows, not micro × devices rows of up to K sequences each
+        batch = packed_batch_plan(
+            batch,
+            datamodule.sequences_per_row,
+            requested,
+            max_micro_batch_size=None if requested is not None else batch.micro_batch_size,
+        )
         datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.check()
     return batch, datamodule, choice
@@ -240,8 +277,11 @@ def check_data(cfg: DictConfig) -> None:
     _batch_and_data(cfg, c)  # the memory of this machine's CPU: the data is what is checked
 
 
-def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
-    """Everything derived from the resolved config ``c`` and the (checked) data."""
+def plan_run(
+    c: dict[str, Any], datamodule: Any, batch: BatchPlan, precision: str | None = None
+) -> TrainPlan:
+    """Everything derived from the resolved config ``c`` and the (checked) data;
+    ``precision``: ``trainer.precision`` resolved by the accelerator (default: as written)."""
     from omnibert.models import BertConfig
 
     model_cfg = dict(c["model"]["config"])
@@ -279,7 +319,7 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
         init_bert_config = tf1_bert_config(init_from, bert_config)
     check_optimizer(c["optimizer"], c.get("schedule"), max_steps)
     micro_clip = resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"])
-    precision = str(c["trainer"].get("precision"))
+    precision = precision or str(c["trainer"].get("precision"))
     if micro_clip is not None and precision.startswith("16"):
         raise TrainConfigError(
             f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
@@ -401,6 +441,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     callbacks = select_progress(callbacks, sys.stdout.isatty(), plan.batch.sequences_per_step)
     loggers = build_loggers(prepared)
     plugin.compile_model(task.model)
+    callbacks += plugin.callbacks()  # e.g. the CUDA graph step marker
     # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
     # the loop counts (IPU: device-side accumulation) override the trainer config's
     hardware = plugin.trainer_kwargs(plan.precision)

@@ -1,0 +1,93 @@
+"""The keys of every ``_target_`` node (accelerator, data, optimizer, schedule, task, trainer,
+callbacks, logger) checked against the signature of what the node builds, before anything is
+built: ``trainer.max_epochs=abc`` or ``optimizer.lr=abc`` is one sentence naming the key,
+not an error from deep inside a constructor after the data was opened.
+
+Only plain annotations are checked (``int``, ``float``, ``bool`` and ``Optional``/unions of
+them); a value of null, a key the signature does not name and a target that cannot be
+imported are left to the constructor, which reports them itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from omnibert.errors import UserError
+
+__all__ = ["TargetTypeError", "check_target_types"]
+
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false"}
+
+
+class TargetTypeError(UserError):
+    """A key of a ``_target_`` node whose value is not of the type its target takes."""
+
+
+def check_target_types(config: Mapping[str, Any]) -> None:
+    """Raise :class:`TargetTypeError` for the first key of a ``_target_`` node of the
+    resolved ``config`` (a plain container) whose value its target's signature refuses."""
+    for path, node in _target_nodes(config, ""):
+        hints = _hints(str(node["_target_"]))
+        for key, value in node.items():
+            if key.startswith("_") or value is None or key not in hints:
+                continue
+            kinds = hints[key]
+            if not any(_accepts(kind, value) for kind in kinds):
+                expected = " or ".join(dict.fromkeys(_SCALARS[k] for k in kinds))
+                where = f"{path}.{key}" if path else key
+                raise TargetTypeError(
+                    f"{where}={value!r} is not {expected} ({node['_target_']} takes {key} as "
+                    f"{expected}); fix {where}."
+                )
+
+
+def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    if isinstance(node, Mapping):
+        if isinstance(node.get("_target_"), str):
+            yield path, node
+        for key, child in node.items():
+            yield from _target_nodes(child, f"{path}.{key}" if path else str(key))
+
+
+def _accepts(kind: type, value: Any) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _hints(target: str) -> dict[str, tuple[type, ...]]:
+    """Parameter name -> the scalar types it takes, for the parameters of ``target``
+    (a class's ``__init__`` or a function) annotated with scalars only."""
+    try:
+        from hydra.utils import get_object
+
+        obj = get_object(target)
+        function = obj.__init__ if inspect.isclass(obj) else obj
+        annotations = typing.get_type_hints(function)
+    except Exception:  # not importable, or annotations that do not evaluate: left to it
+        return {}
+    out: dict[str, tuple[type, ...]] = {}
+    for name, annotation in annotations.items():
+        kinds = _scalar_kinds(annotation)
+        if kinds:
+            out[name] = kinds
+    return out
+
+
+def _scalar_kinds(annotation: Any) -> tuple[type, ...]:
+    """The scalar types of ``annotation`` when it is made of scalars (and None) only."""
+    if annotation in _SCALARS:
+        return (annotation,)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if args and all(a in _SCALARS for a in args):
+            return tuple(args)
+    return ()
