@@ -253,6 +253,17 @@ def test_packing_settings_name_the_bad_key() -> None:
     )
 
 
+def test_an_automatic_micro_batch_caps_the_packed_split_instead_of_fixing_it() -> None:
+    # global 32 sequences at 1.71 per row: 19 rows, not the 32 rows (≈ 55 sequences) of a micro
+    # batch chosen for 32 unpacked rows
+    plan = packed_batch_plan(batch_plan(32, 1, 1, None), 1.71, None, max_micro_batch_size=32)
+    assert (plan.micro_batch_size, plan.accumulate_grad_batches) == (19, 1)
+    assert plan.sequences_per_step == pytest.approx(32.49)
+    # memory allows only 8 rows: accumulate to the rows the global batch needs
+    plan = packed_batch_plan(batch_plan(64, 1, 1, None), 2.0, None, max_micro_batch_size=8)
+    assert (plan.micro_batch_size, plan.accumulate_grad_batches) == (8, 4)
+
+
 @pytest.mark.parametrize(
     ("micro", "per_row", "expected"),
     [

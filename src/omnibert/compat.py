@@ -30,6 +30,7 @@ __all__ = [
     "HAS_LOAD_MMAP",
     "HAS_MODULE_COMPILE",
     "compile_in_place",
+    "compiler_disable",
     "flop_counter",
     "foreach_copy_",
     "foreach_mul",
@@ -78,6 +79,18 @@ def compile_in_place(model: nn.Module, options: dict[str, Any]) -> nn.Module:
 
 
 # ---------------------------------------------------------------------- checkpoints
+def compiler_disable(fn: Any) -> Any:
+    """``fn`` run eagerly between compiled graphs: ``torch.compiler.disable`` (compat: torch
+    2.0.1 has only ``torch._dynamo.disable``)."""
+    compiler = getattr(torch, "compiler", None)
+    disable = getattr(compiler, "disable", None)
+    if disable is None:
+        from torch import _dynamo
+
+        disable = _dynamo.disable
+    return disable(fn)
+
+
 def load_checkpoint(path: str | Path, *, mmap: bool = False) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True)``, memory-mapped when
     ``mmap`` and torch can (>= 2.1; before, the file is read whole: the same objects, more

@@ -78,6 +78,16 @@ class AcceleratorPlugin:
     def check(self) -> None:
         """Stop with :class:`AcceleratorError` when the backend's SDK or devices are missing."""
 
+    def resolve_precision(self, precision: Any) -> tuple[str, str]:
+        """``trainer.precision`` with ``auto`` resolved for this backend, and why.
+
+        ``auto`` (``conf/trainer/default.yaml``) is fp32 (``32-true``) here; a backend whose
+        devices train faster in another precision without loss scaling overrides this (GPU:
+        bf16 autocast where the device runs bf16). Any other value is kept as written."""
+        if str(precision) != "auto":
+            return str(precision), "set by trainer.precision"
+        return "32-true", f"trainer.precision=auto: fp32 on accelerator={self.name}"
+
     def check_precision(self, precision: str) -> None:
         if str(precision) not in self.precisions:
             raise AcceleratorError(
@@ -218,7 +228,22 @@ class AcceleratorPlugin:
         """``(bytes, how it was measured)`` since :meth:`reset_peak_memory`, or ``(None, None)``."""
         return None, None
 
+    # ------------------------------------------------------------------ callbacks
+    def callbacks(self) -> list[Any]:
+        """Lightning callbacks this backend's training loop needs (the app appends them)."""
+        return []
+
     # ------------------------------------------------------------------ report
+    def kernels(self) -> dict[str, str]:
+        """What this backend runs the step with, as ``{what: choice}`` rows for the plan
+        (``omnibert.run.kernels`` adds precision, attention and the optimiser's kernel)."""
+        if not getattr(self, "compile", False):
+            return {"compile": "off (eager)"}
+        options = dict(getattr(self, "compile_options", {}) or {})
+        mode = options.pop("mode", None) or "default"
+        rest = ", ".join(f"{k}={v}" for k, v in options.items())
+        return {"compile": f"torch.compile, mode {mode}" + (f" ({rest})" if rest else "")}
+
     def environment(self) -> dict[str, Any]:
         """Versions, devices found and SDKs present (``omnibert.accelerators.environment``)."""
         from omnibert.accelerators.environment import environment_report

@@ -1,10 +1,16 @@
-"""NVIDIA GPU: bf16/fp16 mixed precision, DDP (FSDP for large runs), optional ``torch.compile``.
+"""NVIDIA GPU: bf16 autocast and ``torch.compile`` by default, CUDA graphs as an option, DDP
+(FSDP for large runs).
 
-LAMB runs omnibert's own optimiser, whose ``impl: auto`` picks the multi-tensor Triton kernel
-from ``omnibert_kernels`` on CUDA when Triton imports (else the foreach path); the plugin
-reports which one in the environment report and leaves the optimiser config unchanged. Under
-``strategy: fsdp`` LAMB sums its per-tensor norms over the shards' ranks (the task hands it
-FSDP's process group: :mod:`omnibert.optim.sharding`).
+Defaults (``conf/accelerator/gpu.yaml``, ``conf/trainer/default.yaml``): ``trainer.precision:
+auto`` resolves to ``bf16-mixed`` where the GPU runs bf16 (Ampere or newer), else fp32 (fp16
+needs loss scaling, so it stays the explicit ``trainer=fp16``); the model's forward is compiled
+with static shapes (``dynamic: false``: the batch contract fixes every shape, so training
+compiles once). ``cuda_graphs: true`` compiles in ``reduce-overhead`` mode (inductor's CUDA
+graph trees) and marks each step's start. LAMB runs omnibert's own optimiser, whose ``impl:
+auto`` picks the multi-tensor Triton kernel from ``omnibert_kernels`` on CUDA when Triton
+imports (else the foreach path); the plugin reports which one in the environment report and
+leaves the optimiser config unchanged. Under ``strategy: fsdp`` LAMB sums its per-tensor norms
+over the shards' ranks (the task hands it FSDP's process group: :mod:`omnibert.optim.sharding`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from omnibert.accelerators.base import AcceleratorError, AcceleratorPlugin
 from omnibert.accelerators.cpu import compile_in_place
 from omnibert.accelerators.environment import sdk_present
 
+#: torch.compile modes that capture CUDA graphs (inductor's cudagraph trees)
+GRAPH_MODES = ("reduce-overhead", "max-autotune")
 #: optimisers correct on FSDP shards: elementwise updates, and omnibert's LAMB, which sums
 #: its per-tensor and global norms over the shards' ranks (omnibert.optim.sharding)
 _SHARD_SAFE = (
@@ -40,7 +48,10 @@ class GPUPlugin(AcceleratorPlugin):
             ``cpu_offload``, ``state_dict_type``); each BERT layer is one FSDP unit, and
             ``activation_checkpointing: true`` recomputes each layer's activations.
         compile: ``torch.compile`` the model's forward in place before training.
-        compile_options: ``torch.compile`` keyword arguments (``mode``, ...).
+        compile_options: ``torch.compile`` keyword arguments (``mode``, ``dynamic``, ...).
+        cuda_graphs: replay each compiled step as CUDA graphs (``mode: reduce-overhead``
+            unless ``compile_options.mode`` is ``max-autotune``, which captures them too);
+            needs ``compile``.
     """
 
     name = "gpu"
@@ -52,13 +63,17 @@ class GPUPlugin(AcceleratorPlugin):
         num_nodes: int = 1,
         strategy: str = "auto",
         accelerator: str | None = "cuda",
-        compile: bool = False,
+        compile: bool = True,
         compile_options: dict[str, Any] | None = None,
         fsdp: dict[str, Any] | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         super().__init__(devices, num_nodes, strategy, accelerator)
         self.compile = bool(compile)
-        self.compile_options = dict(compile_options or {})
+        self.cuda_graphs = bool(cuda_graphs)
+        self.compile_options = compile_settings(
+            self.compile, dict(compile_options or {}), self.cuda_graphs
+        )
         self.fsdp = dict(fsdp or {})
 
     @property
@@ -82,6 +97,18 @@ class GPUPlugin(AcceleratorPlugin):
                 f"accelerator.devices={self.devices} but this node has {found} CUDA GPU(s); "
                 f"set accelerator.devices={found} or fewer."
             )
+
+    def resolve_precision(self, precision: Any) -> tuple[str, str]:
+        """``auto``: bf16 autocast where this GPU runs bf16, else fp32 (module docstring)."""
+        if str(precision) != "auto":
+            return str(precision), "set by trainer.precision"
+        if self._cuda() and torch.cuda.is_bf16_supported():
+            name = torch.cuda.get_device_name(torch.cuda.current_device())
+            return "bf16-mixed", f"trainer.precision=auto: {name} runs bf16"
+        return "32-true", (
+            "trainer.precision=auto: fp32, this GPU has no bf16 (trainer=fp16 for fp16 with "
+            "loss scaling)"
+        )
 
     def trainer_kwargs(self, precision: str) -> dict[str, Any]:
         kwargs = super().trainer_kwargs(precision)
@@ -122,6 +149,22 @@ class GPUPlugin(AcceleratorPlugin):
     def compile_model(self, model: nn.Module) -> nn.Module:
         return compile_in_place(model, self.compile_options) if self.compile else model
 
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """Whether the compiled step replays CUDA graphs (``cuda_graphs`` or a graph mode)."""
+        inductor = self.compile_options.get("options") or {}
+        graphs = self.compile_options.get("mode") in GRAPH_MODES
+        return self.compile and (graphs or bool(inductor.get("triton.cudagraphs")))
+
+    def callbacks(self) -> list[Any]:
+        """With CUDA graphs, a callback that marks where each step begins (module docstring)."""
+        return [cuda_graph_step_marker()] if self.uses_cuda_graphs else []
+
+    def kernels(self) -> dict[str, str]:
+        mode = self.compile_options.get("mode") or "default"
+        graphs = f"on (torch.compile mode {mode})" if self.uses_cuda_graphs else "off"
+        return {**super().kernels(), "CUDA graphs": graphs}
+
     def synchronize(self) -> None:
         torch.cuda.synchronize()
 
@@ -150,6 +193,50 @@ class GPUPlugin(AcceleratorPlugin):
         return {
             **super().describe(),
             "compile": self.compile,
+            "compile_options": self.compile_options,
+            "cuda_graphs": self.uses_cuda_graphs,
             "fsdp": self.fsdp if self.strategy == "fsdp" else None,
             "lamb_impl": self.lamb_impl(),
         }
+
+
+def compile_settings(compile: bool, options: dict[str, Any], cuda_graphs: bool) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments for ``compile_options`` with ``cuda_graphs``, or one
+    sentence (:class:`AcceleratorError`) when the two disagree."""
+    if not cuda_graphs:
+        return options
+    if not compile:
+        raise AcceleratorError(
+            "accelerator.cuda_graphs=true replays torch.compile's graphs (mode reduce-overhead) "
+            "but accelerator.compile=false; set accelerator.compile=true or cuda_graphs=false."
+        )
+    mode = options.get("mode")
+    if mode in GRAPH_MODES:
+        return options
+    if mode in (None, "default") and "options" in options:  # inductor options: no mode allowed
+        inductor = {**dict(options["options"] or {}), "triton.cudagraphs": True}
+        return {**{k: v for k, v in options.items() if k != "mode"}, "options": inductor}
+    if mode in (None, "default"):
+        return {**options, "mode": "reduce-overhead"}
+    raise AcceleratorError(
+        f"accelerator.cuda_graphs=true needs a torch.compile mode that captures CUDA graphs, "
+        f"not accelerator.compile_options.mode={mode} (or inductor options); remove the mode "
+        "(reduce-overhead is used) or set it to max-autotune."
+    )
+
+
+def cuda_graph_step_marker() -> Any:
+    """A Lightning callback calling ``torch.compiler.cudagraph_mark_step_begin()`` before each
+    training and validation batch: the outputs of the previous replay may then be overwritten
+    (the step's statistics were already copied out), as the CUDA graph trees documentation
+    asks of training loops."""
+    from lightning.pytorch.callbacks import Callback
+
+    class CUDAGraphStepMarker(Callback):
+        def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
+            torch.compiler.cudagraph_mark_step_begin()
+
+        def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    return CUDAGraphStepMarker()

@@ -171,6 +171,12 @@ class HPUPlugin(AcceleratorPlugin):
         return int(hthpu.max_memory_allocated()), "habana_frameworks.torch.hpu.max_memory_allocated"
 
     # ------------------------------------------------------------------ report
+    def kernels(self) -> dict[str, str]:
+        if self.compile:
+            return {"compile": "torch.compile, backend hpu_backend (eager mode)"}
+        graphs = ", HPU graphs" if self.hpu_graphs else ""
+        return {"compile": f"{self.mode} mode{graphs}"}
+
     def devices_found(self) -> dict[str, Any]:
         try:
             import habana_frameworks.torch.hpu as hthpu

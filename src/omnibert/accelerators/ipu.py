@@ -288,6 +288,9 @@ class IPUPlugin(AcceleratorPlugin):
         }
 
     # ------------------------------------------------------------------ report
+    def kernels(self) -> dict[str, str]:
+        return {"compile": "poptorch compiles the whole training step (PopART)"}
+
     def devices_found(self) -> dict[str, Any]:
         try:
             import poptorch

@@ -110,7 +110,7 @@ class MLPerfCompliance(pl.Callback):
         self.log_file = Path(log_file)
         self.samples = 0
         self.next_eval = self.every
-        self.evaluations: list[dict[str, float]] = []
+        self.evaluations: list[dict[str, float | None]] = []
         self.status: str | None = None
         self._local = torch.zeros(())
         self._step = 0
@@ -202,7 +202,10 @@ class MLPerfCompliance(pl.Callback):
         accuracy = metrics["val/mlm_acc"]
         self._event("eval_accuracy", accuracy, epoch_num=epoch)
         self._interval("end", "eval_stop", epoch_num=epoch)
-        self.evaluations.append({"samples": epoch, "step": trainer.global_step, **metrics})
+        seconds = None if self._run_start is None else time.perf_counter() - self._run_start
+        self.evaluations.append(
+            {"samples": epoch, "step": trainer.global_step, "seconds": seconds, **metrics}
+        )
         pl_module.log("mlperf/eval_accuracy", accuracy, rank_zero_only=True)
         if accuracy >= self.target:
             self._stop(trainer, "success")

@@ -285,12 +285,14 @@ def _umask() -> int:
 
 
 def load_pretraining_checkpoint(
-    ckpt_path: str | Path,
+    ckpt_path: str | Path, key: str = "ckpt"
 ) -> tuple[BertConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """``(config, model state dict, hyper-parameters)`` of a pretraining Lightning checkpoint.
 
     The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
-    and ``state_dict`` keys ``'model.' + <parameter name>``.
+    and ``state_dict`` keys ``'model.' + <parameter name>``. ``key`` is the setting that named
+    it (``ckpt``, ``model.init_from``), for the messages: a file torch cannot load is called
+    damaged, with the intact checkpoint beside it (:mod:`omnibert.ckpt_files`).
     """
     path = Path(ckpt_path)
     if path.is_dir():
@@ -300,10 +302,9 @@ def load_pretraining_checkpoint(
     try:
         ckpt = load_checkpoint(path)
     except Exception as err:
-        raise ConversionError(
-            f"checkpoint {path} could not be read ({type(err).__name__}); pass a checkpoint "
-            "written by omnibert-train."
-        ) from err
+        from omnibert.ckpt_files import unreadable_checkpoint
+
+        raise ConversionError(unreadable_checkpoint(key, path, err)) from err
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
     if not isinstance(hparams, Mapping) or "model_config" not in hparams:
         raise ConversionError(
@@ -340,10 +341,11 @@ def load_pretraining_checkpoint(
 
 
 def model_from_pretraining_checkpoint(
-    ckpt_path: str | Path,
+    ckpt_path: str | Path, key: str = "ckpt"
 ) -> tuple[BertForPreTraining, dict[str, Any]]:
-    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters."""
-    config, state, hparams = load_pretraining_checkpoint(ckpt_path)
+    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters
+    (``key``: the setting that named it, for messages)."""
+    config, state, hparams = load_pretraining_checkpoint(ckpt_path, key)
     model = BertForPreTraining(config)
     model.load_state_dict(state, strict=False)
     return model, hparams

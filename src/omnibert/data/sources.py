@@ -132,7 +132,9 @@ class ArrowSource(RowSource):
             metadata.json); ``None``: trust the metadata.
         eval_samples: evaluate only the first N eval rows (MLPerf: 10000); ``None``: all.
         verify_checksums: also check every Arrow file's CRC-32C against metadata.json at
-            start (reads all the data once); sizes and row counts are always checked.
+            start (reads all the data once): ``true``, ``false`` or ``auto`` (the default:
+            when a split holds at most 2 GiB, :data:`~omnibert.data.checks.AUTO_CHECKSUM_BYTES`);
+            sizes and row counts are always checked, every batch's values are range-checked.
     """
 
     format = "arrow"
@@ -143,7 +145,7 @@ class ArrowSource(RowSource):
         eval_path: str | None = None,
         vocab_file: str | None = None,
         eval_samples: int | None = None,
-        verify_checksums: bool = False,
+        verify_checksums: bool | str = "auto",
     ) -> None:
         self.train_path = None if train_path is None else str(train_path)
         self.verify_checksums = verify_checksums

@@ -6,7 +6,9 @@ the static-shape batch of the data contract (docs/design.md, ``BATCH_KEYS``) and
 
 * attention is block-diagonal over ``sequence_ids``: query i sees key j iff both carry the same
   id, so packed sequences never see each other and real tokens never see padding (padding sees
-  padding, so no row of the mask is empty and nothing turns into NaN);
+  padding, so no row of the mask is empty and nothing turns into NaN); ``config.attention``
+  picks the kernel (:mod:`omnibert.models.attention`), ``varlen`` runs the encoder on the
+  real tokens only;
 * the MLM head (transform + tied decoder) runs only on the ``P`` gathered masked positions;
 * NSP runs the pooler on the hidden state of each sequence's [CLS] (``nsp_positions``);
 * the last encoder layer computes only those ``P + K`` rows per row of the batch (queries at
@@ -17,13 +19,25 @@ Everything stays on the device: no ``.item()``, no data-dependent Python branche
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from omnibert.models.attention import (
+    DenseAttention,
+    Unpadded,
+    block_diagonal_mask,
+    explicit_attention,
+    resolve_attention,
+)
 from omnibert.models.config import BertConfig
+
+__all__ = ["block_diagonal_mask", "explicit_attention"]  # re-exported: tests and callers
+
+#: one attention of query rows over key rows: (query, key, value, dropout_p) -> context
+Attend = Callable[[Tensor, Tensor, Tensor, float], Tensor]
 
 
 def _activation(name: str) -> nn.Module:
@@ -89,40 +103,6 @@ OUTPUT_KEYS = (
 )  # fmt: skip
 
 
-def block_diagonal_mask(sequence_ids: Tensor, query_ids: Tensor | None = None) -> Tensor:
-    """``[B,1,Q,S]`` bool: True where query i may attend key j (same sequence id).
-
-    ``query_ids`` (``[B,Q]``, default ``sequence_ids``) are the sequence ids of the query rows.
-    """
-    queries = sequence_ids if query_ids is None else query_ids
-    return (queries.unsqueeze(2) == sequence_ids.unsqueeze(1)).unsqueeze(1)
-
-
-def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
-    """softmax(q k^T / sqrt(d), -inf where not ``mask``) v, dropout on the probabilities.
-
-    Without dropout (eval) and off the CPU this is ``F.scaled_dot_product_attention`` (fused
-    flash kernels). With dropout, PyTorch's CPU SDPA falls back to its reference "math" kernel,
-    which upcasts bf16 to fp32 and costs about twice :func:`explicit_attention`.
-    """
-    if dropout_p == 0.0 or query.device.type != "cpu":
-        return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout_p
-        )
-    return explicit_attention(query, key, value, mask, dropout_p)
-
-
-def explicit_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float
-) -> Tensor:
-    """The same maths written out, in the inputs' (autocast) dtype: scores from GEMMs that
-    accumulate in fp32, softmax accumulated in fp32, as the fused kernels do."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)
-    scores = scores.masked_fill_(mask.logical_not(), float("-inf"))
-    probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training=dropout_p > 0.0)
-    return torch.matmul(probs, value)
-
-
 def gather_rows(hidden: Tensor, positions: Tensor) -> Tensor:
     """``[B,N,H]``: ``hidden[b, positions[b, n]]`` for every (b, n)."""
     return torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
@@ -172,7 +152,7 @@ class BertSelfAttention(nn.Module):
         return tuple(split.permute(2, 0, 3, 1, 4).unbind(0))
 
     def forward(
-        self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None
+        self, hidden_states: Tensor, attend: Attend, queries: Tensor | None = None
     ) -> Tensor:
         q, k, v = self.query, self.key, self.value
         if queries is None:
@@ -189,7 +169,7 @@ class BertSelfAttention(nn.Module):
             )
             key, value = self._heads(kv, 2)
         dropout_p = self.dropout_prob if self.training else 0.0
-        context = attention(query, key, value, attention_mask, dropout_p)
+        context = attend(query, key, value, dropout_p)
         batch, _, rows, _ = context.shape
         return context.transpose(1, 2).reshape(batch, rows, -1)
 
@@ -212,10 +192,10 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(
-        self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None
+        self, hidden_states: Tensor, attend: Attend, queries: Tensor | None = None
     ) -> Tensor:
         residual = hidden_states if queries is None else queries
-        return self.output(self.self(hidden_states, attention_mask, queries), residual)
+        return self.output(self.self(hidden_states, attend, queries), residual)
 
 
 class BertIntermediate(nn.Module):
@@ -247,10 +227,11 @@ class BertLayer(nn.Module):
         self.output = BertOutput(config)
 
     def forward(
-        self, hidden_states: Tensor, attention_mask: Tensor, queries: Tensor | None = None
+        self, hidden_states: Tensor, attend: Attend, queries: Tensor | None = None
     ) -> Tensor:
-        """``[B,S,H]``, or ``[B,Q,H]`` for the query rows ``queries`` only."""
-        attended = self.attention(hidden_states, attention_mask, queries)
+        """``[B,S,H]``, or ``[B,Q,H]`` for the query rows ``queries`` only (``[1,T,H]`` /
+        ``[1,Q,H]`` on the unpadded stream)."""
+        attended = self.attention(hidden_states, attend, queries)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -262,22 +243,20 @@ class BertEncoder(nn.Module):
     def forward(
         self,
         hidden_states: Tensor,
-        sequence_ids: Tensor,
-        output_positions: Tensor | None = None,
+        attend: Attend,
+        last: tuple[Attend, Callable[[Tensor], Tensor]] | None = None,
     ) -> Tensor:
-        mask = block_diagonal_mask(sequence_ids)
-        if output_positions is None:
+        """Every layer with ``attend``; with ``last = (attend_last, select)`` the last layer
+        runs only the rows ``select(hidden)`` (queries over all keys): the others are unread."""
+        if last is None:
             for layer in self.layer:
-                hidden_states = layer(hidden_states, mask)
+                hidden_states = layer(hidden_states, attend)
             return hidden_states
         for layer in self.layer[:-1]:
-            hidden_states = layer(hidden_states, mask)
-        # the last layer runs only the rows that are read: its other outputs would be dropped
-        query_ids = torch.gather(sequence_ids, 1, output_positions)
-        queries = gather_rows(hidden_states, output_positions)
-        last_mask = block_diagonal_mask(sequence_ids, query_ids)
-        last: Tensor = self.layer[-1](hidden_states, last_mask, queries)
-        return last
+            hidden_states = layer(hidden_states, attend)
+        attend_last, select = last
+        out: Tensor = self.layer[-1](hidden_states, attend_last, select(hidden_states))
+        return out
 
 
 class BertPooler(nn.Module):
@@ -310,9 +289,49 @@ class BertModel(nn.Module):
         output_positions: Tensor | None = None,
     ) -> Tensor:
         """Last hidden states ``[B,S,H]``; with ``output_positions [B,N]`` only those rows
-        ``[B,N,H]`` (equal to ``full[b, output_positions[b]]``, computed without the rest)."""
+        ``[B,N,H]`` (equal to ``full[b, output_positions[b]]``, computed without the rest;
+        with ``varlen``, read rows at padding positions are not computed and hold zeros)."""
+        config = self.config
+        dropout = self.training and config.attention_probs_dropout_prob > 0.0
+        device = input_ids.device.type
+        backend = resolve_attention(config.attention, device, dropout, input_ids.shape[1])
+        if backend == "varlen":
+            # the re-padded buckets' kernel off CUDA: today's dense choice (math with dropout
+            # on the CPU, where SDPA's dropout path is slow; SDPA otherwise)
+            kernel = "math" if dropout and device == "cpu" else "sdpa"
+            return self._forward_unpadded(
+                Unpadded.build(
+                    sequence_ids, output_positions, kernel, keep_padding=output_positions is None
+                ),
+                (input_ids, segment_ids, position_ids),
+                output_positions,
+            )
         hidden = self.embeddings(input_ids, segment_ids, position_ids)
-        return self.encoder(hidden, sequence_ids, output_positions)
+        attend = DenseAttention.build(backend, sequence_ids)
+        if output_positions is None:
+            full: Tensor = self.encoder(hidden, attend)
+            return full
+        query_ids = torch.gather(sequence_ids, 1, output_positions)
+        last = DenseAttention.build(backend, sequence_ids, query_ids)
+        rows: Tensor = self.encoder(
+            hidden, attend, (last, lambda h: gather_rows(h, output_positions))
+        )
+        return rows
+
+    def _forward_unpadded(
+        self,
+        unpadded: Unpadded,
+        inputs: tuple[Tensor, Tensor, Tensor],
+        output_positions: Tensor | None,
+    ) -> Tensor:
+        """The encoder on the real tokens: ``[1,T,H]`` from embeddings to the last layer."""
+        hidden = self.embeddings(*(unpadded.gather(x) for x in inputs))
+        if output_positions is None:
+            return unpadded.scatter(self.encoder(hidden, unpadded.attention))
+        assert unpadded.last is not None and unpadded.queries is not None
+        queries = unpadded.queries
+        rows = self.encoder(hidden, unpadded.attention, (unpadded.last, lambda h: h[:, queries]))
+        return unpadded.scatter(rows, output_positions.shape[1])
 
 
 class BertPredictionHeadTransform(nn.Module):

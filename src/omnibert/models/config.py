@@ -22,6 +22,11 @@ ARCHITECTURE_FIELDS = (
     "type_vocab_size",
 )
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+#: how the encoder computes attention (omnibert.models.attention); all give the same maths
+ATTENTION_BACKENDS = ("auto", "math", "sdpa", "flex", "varlen")
+#: fields that choose how the model computes, not what: a checkpoint resumes, loads and exports
+#: whatever they are set to, and Hugging Face's config.json neither holds nor sets them
+RUNTIME_FIELDS = ("attention",)
 
 
 class BertConfigError(UserError):
@@ -50,6 +55,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_vocab_size_multiple: int = 8
+    #: attention kernel (``ATTENTION_BACKENDS``): ``auto`` picks by device, dropout and sequence
+    #: length (omnibert.models.attention.resolve_attention); ``varlen`` drops the padding
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         for name in (*ARCHITECTURE_FIELDS, "pad_vocab_size_multiple"):
@@ -69,6 +77,11 @@ class BertConfig:
             raise BertConfigError(
                 f"model config hidden_act={self.hidden_act!r} is not supported; use one of "
                 f"{', '.join(ACTIVATIONS)}."
+            )
+        if self.attention not in ATTENTION_BACKENDS:
+            raise BertConfigError(
+                f"model config attention={self.attention!r} is not a backend; set "
+                f"model.config.attention to one of {', '.join(ATTENTION_BACKENDS)}."
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
@@ -107,7 +120,8 @@ class BertConfig:
         return cls(**dict(values))
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A Hugging Face ``config.json`` for ``BertForPreTraining`` (real, unpadded vocab)."""
+        """A Hugging Face ``config.json`` for ``BertForPreTraining`` (real, unpadded vocab; the
+        runtime fields such as ``attention`` are ours, not Hugging Face's, and stay out)."""
         return {
             "architectures": ["BertForPreTraining"],
             "model_type": "bert",
@@ -132,7 +146,8 @@ class BertConfig:
     def from_hf_dict(
         cls, values: Mapping[str, Any], *, pad_vocab_size_multiple: int = 8
     ) -> BertConfig:
-        """Read a Hugging Face BERT ``config.json`` dict (HF defaults for absent keys)."""
+        """Read a Hugging Face BERT ``config.json`` dict (HF defaults for absent keys; the
+        runtime fields, which config.json does not hold, keep their defaults)."""
         model_type = values.get("model_type", "bert")
         if model_type != "bert":
             raise BertConfigError(
@@ -151,7 +166,7 @@ class BertConfig:
         fields = {
             f.name: values.get(f.name, getattr(defaults, f.name))
             for f in dataclasses.fields(cls)
-            if f.name != "pad_vocab_size_multiple"
+            if f.name not in ("pad_vocab_size_multiple", *RUNTIME_FIELDS)
         }
         return cls(**fields, pad_vocab_size_multiple=pad_vocab_size_multiple)
 
@@ -170,9 +185,10 @@ REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", 
 
 def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
     """``key=saved (this model: ours)`` for every field of ``model`` (a BertConfig as a dict)
-    that differs in ``saved``, regularisation fields left out: what initial weights must match."""
+    that differs in ``saved``, regularisation and runtime fields left out: what initial weights
+    must match."""
     return [
         f"{k}={saved.get(k)!r} (this model: {v!r})"
         for k, v in model.items()
-        if k not in REGULARISATION_FIELDS and saved.get(k) != v
+        if k not in (*REGULARISATION_FIELDS, *RUNTIME_FIELDS) and saved.get(k) != v
     ]

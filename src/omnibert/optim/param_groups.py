@@ -89,8 +89,21 @@ def normalize_params(
     return items
 
 
+def fused_adamw_applies(params: Sequence[Tensor]) -> bool:
+    """Whether torch's fused AdamW kernel is the one to use for ``params``: all floating
+    point, all on CUDA (one kernel launch per step for every tensor, instead of the foreach
+    path's several)."""
+    return bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
+
+
 class AdamW(torch.optim.AdamW):
-    """``torch.optim.AdamW`` that takes named parameters and config-driven no-decay patterns."""
+    """``torch.optim.AdamW`` that takes named parameters and config-driven no-decay patterns.
+
+    ``fused``: ``"auto"`` (``conf/optimizer/adamw.yaml``) uses torch's fused kernel when every
+    parameter is on CUDA (:func:`fused_adamw_applies`; the same update, in fewer launches) and
+    torch's default elsewhere; ``True``/``False``/``None`` as in ``torch.optim.AdamW``.
+    :attr:`impl` says which kernel the steps run.
+    """
 
     def __init__(
         self,
@@ -98,9 +111,26 @@ class AdamW(torch.optim.AdamW):
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         no_weight_decay: Sequence[str] | None = BERT_NO_WEIGHT_DECAY,
+        fused: bool | str | None = None,
         **kwargs: Any,
     ) -> None:
         if "betas" in kwargs:
             kwargs["betas"] = tuple(kwargs["betas"])
         groups = normalize_params(params, weight_decay, no_weight_decay)
-        super().__init__(groups, lr=lr, weight_decay=weight_decay, **kwargs)
+        if fused == "auto":
+            tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+            fused = True if fused_adamw_applies(tensors) and not kwargs.get("foreach") else None
+        elif isinstance(fused, str):
+            raise ValueError(f"AdamW fused={fused!r} must be auto, true, false or null.")
+        super().__init__(groups, lr=lr, weight_decay=weight_decay, fused=fused, **kwargs)
+
+    @property
+    def impl(self) -> str:
+        """The update kernel: ``fused``, ``foreach`` or ``for-loop``."""
+        group = self.param_groups[0] if self.param_groups else {}
+        if group.get("fused"):
+            return "fused"
+        foreach = group.get("foreach")
+        if foreach is None:  # torch's default: foreach for CUDA tensors, the loop elsewhere
+            foreach = all(p.is_cuda for g in self.param_groups for p in g["params"])
+        return "foreach" if foreach else "for-loop"

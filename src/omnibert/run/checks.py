@@ -21,9 +21,10 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
 from omnibert.callbacks.requeue import RESUME_FILE
+from omnibert.ckpt_files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
-from omnibert.models.config import architecture_diffs
+from omnibert.models.config import RUNTIME_FIELDS, architecture_diffs
 from omnibert.run.plan import TrainConfigError
 
 __all__ = [
@@ -212,12 +213,12 @@ def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
     try:
         saved = load_checkpoint(ckpt, mmap=True)
     except Exception as err:
-        raise TrainConfigError(
-            f"ckpt_path={ckpt} cannot be read ({_root(err)}); pass an intact checkpoint."
-        ) from err
+        raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
     theirs = (saved.get("hyper_parameters") or {}).get("model_config") or {}
     diffs = [
-        f"{k}={theirs.get(k)!r} (now {v!r})" for k, v in model_config.items() if theirs.get(k) != v
+        f"{k}={theirs.get(k)!r} (now {v!r})"
+        for k, v in model_config.items()
+        if theirs.get(k) != v and k not in RUNTIME_FIELDS  # e.g. attention: any backend resumes
     ]
     if diffs:
         raise TrainConfigError(
@@ -237,9 +238,7 @@ def saved_sampler_state(ckpt: str) -> dict[str, Any] | None:
     except (KeyError, TypeError):
         return None
     except Exception as err:
-        raise TrainConfigError(
-            f"ckpt_path={ckpt} cannot be read ({_root(err)}); pass an intact checkpoint."
-        ) from err
+        raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
     if not loaders or not isinstance(loaders[0], Mapping):
         return None
     state = loaders[0]
@@ -301,6 +300,9 @@ def check_init_from(
     else:
         try:
             ckpt = load_checkpoint(path, mmap=True)
+        except Exception as err:
+            raise TrainConfigError(unreadable_checkpoint("init_from", path, err)) from err
+        try:
             saved = dict(ckpt["hyper_parameters"]["model_config"])
         except Exception as err:
             raise TrainConfigError(

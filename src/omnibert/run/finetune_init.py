@@ -87,7 +87,9 @@ def load_encoder_source(c: dict[str, Any], recipe: dict[str, Any]) -> EncoderSou
             )
     from omnibert.convert.checkpoints import load_pretrained
 
-    loaded = load_pretrained(init_from, c["model"].get("bert_config"), require_heads=False)
+    loaded = load_pretrained(
+        init_from, c["model"].get("bert_config"), require_heads=False, key="model.init_from"
+    )
     return EncoderSource(
         loaded.config,
         loaded.vocab_file,

@@ -174,6 +174,10 @@ class Prepared:
     plugin: Any
     ckpt_path: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: trainer.precision with auto resolved by the accelerator
+    precision: str = "32-true"
+    #: the kernels the run uses (precision, optimiser update; omnibert.run.kernels)
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def plan(self) -> dict[str, Any]:
         """What the run derived (printed, logged with the config, in ``summary.json``)."""
@@ -191,6 +195,8 @@ class Prepared:
             "accumulate_grad_batches": i.accumulate,
             "init_from": str(i.c["model"]["init_from"]),
             "ckpt_path": self.ckpt_path,
+            "precision": self.precision,
+            "kernels": self.kernels,
         }
 
 
@@ -212,7 +218,8 @@ def prepare(cfg: DictConfig) -> Prepared:
     c, recipe = inputs.c, inputs.recipe
     check_target_types(c)
     plugin = build_plugin(cfg.accelerator)
-    plugin.check_precision(str(c["trainer"].get("precision")))
+    precision, why = plugin.resolve_precision(c["trainer"].get("precision"))
+    plugin.check_precision(precision)
     if plugin.name == "ipu":
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
@@ -244,9 +251,17 @@ def prepare(cfg: DictConfig) -> Prepared:
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(n / (inputs.micro_batch_size * world))
     steps_per_epoch = math.ceil(batches / inputs.accumulate)
+    from omnibert.run.kernels import optimizer_choice
+
+    kernels = {
+        "precision": f"{precision} ({why})",
+        "optimizer": optimizer_choice(c["optimizer"], plugin.device, 0),
+        "compile": "off (omnibert-finetune runs the model eagerly)",
+    }
     return Prepared(
         inputs, loaded, vocab, tokenizer, feats.tensors, n, steps_per_epoch,
-        steps_per_epoch * recipe["epochs"], plugin, ckpt_path,
+        steps_per_epoch * recipe["epochs"], plugin, ckpt_path, precision=precision,
+        kernels=kernels,
     )  # fmt: skip
 
 
@@ -271,6 +286,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
     from omnibert.callbacks.progress import select_progress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
+    from omnibert.callbacks.stop import StopAtSafePoint
     from omnibert.compat import seed_everything
     from omnibert.data.finetuning import FineTuneDataModule
     from omnibert.run.checks import instantiate_node
@@ -299,6 +315,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     nodes = c.get("callbacks") or {}
     callbacks = [instantiate_node(n) for n in nodes.values() if n is not None]
     callbacks.append(CompletedBatchProgress())
+    callbacks.append(StopAtSafePoint())  # SIGTERM / SIGINT: checkpoint this step, then stop
     if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
         callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
@@ -306,7 +323,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     callbacks = select_progress(callbacks, sys.stdout.isatty(), float(inputs.recipe["batch_size"]))
     facts = {"config": c, "plan": prepared.plan()}
     loggers = loggers_for(DictConfig(c.get("logger") or {}), facts)
-    hardware = prepared.plugin.trainer_kwargs(str(c["trainer"].get("precision")))
+    hardware = prepared.plugin.trainer_kwargs(prepared.precision)
     plugins = hardware.pop("plugins")
     trainer = instantiate_node(
         DictConfig(c["trainer"]),
@@ -334,6 +351,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
 def fit(run: Run) -> dict[str, Any]:
     """Train; the training facts for the summary (the final checkpoint is the checkpoint
     callback's ``final.ckpt``)."""
+    from omnibert import stopping
     from omnibert.run.checks import RESUME_FILE
     from omnibert.run.training import finish_loggers
 
@@ -343,9 +361,12 @@ def fit(run: Run) -> dict[str, Any]:
     print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(run.new_keys)}")
     start = time.perf_counter()
     try:
-        trainer.fit(task, datamodule=run.datamodule, ckpt_path=prepared.ckpt_path)
+        with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+            trainer.fit(task, datamodule=run.datamodule, ckpt_path=prepared.ckpt_path)
     finally:
         finish_loggers(trainer.loggers)
+    stopping.set_context(f" after fine-tuning finished at step {trainer.global_step}")
+    stopping.check()
     seconds = time.perf_counter() - start
     if trainer.is_global_zero:
         (checkpoint_dir / RESUME_FILE).unlink(missing_ok=True)
@@ -415,7 +436,7 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     (submission files under ``submission/``)."""
     inputs = prepared.inputs
     data, recipe = inputs.data, inputs.recipe
-    autocast = prepared.plugin.autocast(str(inputs.c["trainer"].get("precision")))
+    autocast = prepared.plugin.autocast(prepared.precision)
     metrics: dict[str, float] = {}
     files: dict[str, str] = {}
     several = len(inputs.evals) > 1
@@ -434,8 +455,10 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
     returns the summary."""
+    from omnibert import stopping
     from omnibert.reporting import write_curves
 
+    stopping.set_context(" before fine-tuning started")
     prepared = prepare(cfg)
     inputs = prepared.inputs
     c = inputs.c
@@ -448,6 +471,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f"micro {inputs.micro_batch_size}, accumulation {inputs.accumulate})",
         flush=True,
     )
+    kernels = "; ".join(f"{k} {v}" for k, v in prepared.kernels.items())
+    print(f"omnibert-finetune: kernels: {kernels}", flush=True)
     built = build(prepared, run_dir)
     facts = fit(built)
     if not built.trainer.is_global_zero:

@@ -61,10 +61,9 @@ def load_finetuned(path: str | Path) -> Finetuned:
     try:
         ckpt = load_checkpoint(file)
     except Exception as err:
-        raise FineTuneInputError(
-            f"ckpt={file} could not be read ({type(err).__name__}); pass a checkpoint written "
-            "by omnibert-finetune."
-        ) from err
+        from omnibert.ckpt_files import unreadable_checkpoint
+
+        raise FineTuneInputError(unreadable_checkpoint("ckpt", file, err)) from err
     hparams = ckpt.get("hyper_parameters") or {}
     recipe = hparams.get("recipe") or {}
     if "data" not in recipe and "format" not in recipe:

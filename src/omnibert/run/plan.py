@@ -85,7 +85,10 @@ def batch_plan(
 
 
 def packed_batch_plan(
-    batch: BatchPlan, sequences_per_row: float, micro_batch_size: Any = None
+    batch: BatchPlan,
+    sequences_per_row: float,
+    micro_batch_size: Any = None,
+    max_micro_batch_size: int | None = None,
 ) -> BatchPlan:
     """The batch plan when rows hold ``sequences_per_row`` sequences on average.
 
@@ -93,7 +96,9 @@ def packed_batch_plan(
     step counts of the recipe keep their meaning: a step runs the whole number of
     ``micro × devices`` row groups nearest to ``global / sequences_per_row`` (at least one),
     which is how Graphcore and Habana scale the batch by the average packing factor. With
-    ``micro_batch_size`` null the rows are split over the devices without accumulation.
+    ``micro_batch_size`` null (the user set none) the rows are split over the devices without
+    accumulation, and with accumulation where that split exceeds ``max_micro_batch_size`` (the
+    largest micro batch that fits the device's memory).
     """
     if sequences_per_row <= 0:
         raise ValueError(f"sequences_per_row={sequences_per_row} must be positive.")
@@ -101,6 +106,9 @@ def packed_batch_plan(
     world = batch.world_size
     if micro_batch_size is None:
         micro, accumulate = max(1, round(rows / world)), 1
+        if max_micro_batch_size is not None and micro > max_micro_batch_size:
+            micro = max_micro_batch_size
+            accumulate = max(1, round(rows / (micro * world)))
     else:
         micro = _positive_int("micro_batch_size", micro_batch_size)
         accumulate = max(1, round(rows / (micro * world)))
@@ -135,6 +143,10 @@ class TrainPlan:
     micro_batch_choice: str = ""
     #: the host threads and OpenMP wait policy the accelerator set, and why (omnibert.threads)
     threads: str = ""
+    #: which kernels the run uses: precision, attention, optimiser, compile, ... (run.kernels)
+    kernels: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the attention backend (model.config.attention; auto: its choice for this device)
+    attention: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -179,7 +191,8 @@ class TrainPlan:
             ("validation", val),
             ("vocab size", f"{self.vocab_size}"),
             *([("CPU threads", self.threads)] if self.threads else []),
-            ("precision", self.precision),
+            *(list(self.kernels.items()) if self.kernels else [("precision", self.precision)]),
+            *([("attention", self.attention)] if self.attention and not self.kernels else []),
             ("clipping", self.clipping),
             ("init from", self._init_description()),
             ("resume from", self.ckpt_path or "fresh run"),

@@ -40,6 +40,7 @@ from omnibert.run.checks import (
     resolve_vocab_size,
     tf1_bert_config,
 )
+from omnibert.run.kernels import kernel_choices
 from omnibert.run.plan import (
     BatchPlan,
     TrainConfigError,
@@ -149,12 +150,19 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugin, environment = _plugin(cfg)
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(c["optimizer"])  # an optimiser this backend cannot run
-    plugin.check_precision(str(c["trainer"].get("precision")))
-    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device)
+    precision, why = plugin.resolve_precision(c["trainer"].get("precision"))
+    plugin.check_precision(precision)
+    batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device, precision)
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    plan = plan_run(c, datamodule, batch, precision)
+    model_config = {**c["model"]["config"], "vocab_size": plan.vocab_size}
+    attention = _plan_attention(c, plugin.name)
+    kernels = kernel_choices(plugin, model_config, c["optimizer"], precision, why)
+    kernels["attention"] = attention  # the backend the model runs (models.attention)
     plan = dataclasses.replace(
-        plan_run(c, datamodule, batch), micro_batch_choice=choice.reason, threads=threads
-    )
+        plan, micro_batch_choice=choice.reason, threads=threads, attention=attention,
+        kernels=kernels,
+    )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
         check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
@@ -162,11 +170,26 @@ def prepare(cfg: DictConfig) -> Prepared:
     return Prepared(cfg, c, plugin, environment, datamodule, plan, profile)
 
 
+def _plan_attention(c: dict[str, Any], accelerator: str) -> str:
+    """The attention backend the run uses on this accelerator (model.config.attention: auto
+    resolved), refused before compute where it cannot train (e.g. flex on the CPU)."""
+    from omnibert.models.attention import plan_attention
+
+    model = c["model"]["config"]
+    return plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
+        str(model.get("attention", "auto")),
+        {"gpu": "cuda"}.get(accelerator, accelerator),
+        float(model["attention_probs_dropout_prob"]),
+        int(c["phase"]["max_seq_length"]),
+    )
+
+
 def _batch_and_data(
-    cfg: DictConfig, c: dict[str, Any], device: Any = None
+    cfg: DictConfig, c: dict[str, Any], device: Any = None, precision: str | None = None
 ) -> tuple[BatchPlan, Any, Any]:
     """The batch plan, the data module checked against the data (packing included) and the
-    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read)."""
+    micro-batch choice (:mod:`omnibert.run.memory`; ``device``: where the memory is read;
+    ``precision``: the resolved one, default ``trainer.precision``)."""
     from omnibert.models import BertConfig
     from omnibert.run.memory import choose_micro_batch
 
@@ -192,7 +215,7 @@ def _batch_and_data(
             "masked_lm_positions": [1, datamodule.predictions_per_pack],
             "nsp_labels": [1, datamodule.packing.sequences_per_row_max],
         },
-        precision=str(c["trainer"].get("precision")),
+        precision=precision or str(c["trainer"].get("precision")),
         clip=resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"]),
         device=device if device is not None else torch.device("cpu"),
         requested=None if c.get("compile_only") else requested,  # compile-only reports fits
@@ -210,7 +233,15 @@ def _batch_and_data(
     datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.eval_micro_batch_size = batch.eval_micro_batch_size
     if datamodule.packing.enabled:  # the global batch counts sequences: fewer, fuller rows
-        batch = packed_batch_plan(batch, datamodule.sequences_per_row, batch.micro_batch_size)
+        # a micro batch the user set is kept; one chosen here for unpacked rows (at most the
+        # per-device batch) is only an upper bound: the step holds global / sequences-per-row
+        # rows, not micro × devices rows of up to K sequences each
+        batch = packed_batch_plan(
+            batch,
+            datamodule.sequences_per_row,
+            requested,
+            max_micro_batch_size=None if requested is not None else batch.micro_batch_size,
+        )
         datamodule.micro_batch_size = batch.micro_batch_size
     datamodule.check()
     return batch, datamodule, choice
@@ -246,8 +277,11 @@ def check_data(cfg: DictConfig) -> None:
     _batch_and_data(cfg, c)  # the memory of this machine's CPU: the data is what is checked
 
 
-def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
-    """Everything derived from the resolved config ``c`` and the (checked) data."""
+def plan_run(
+    c: dict[str, Any], datamodule: Any, batch: BatchPlan, precision: str | None = None
+) -> TrainPlan:
+    """Everything derived from the resolved config ``c`` and the (checked) data;
+    ``precision``: ``trainer.precision`` resolved by the accelerator (default: as written)."""
     from omnibert.models import BertConfig
 
     model_cfg = dict(c["model"]["config"])
@@ -285,7 +319,7 @@ def plan_run(c: dict[str, Any], datamodule: Any, batch: BatchPlan) -> TrainPlan:
         init_bert_config = tf1_bert_config(init_from, bert_config)
     check_optimizer(c["optimizer"], c.get("schedule"), max_steps)
     micro_clip = resolve_clipping(c.get("clip_grad_per_micro_batch"), c["optimizer"])
-    precision = str(c["trainer"].get("precision"))
+    precision = precision or str(c["trainer"].get("precision"))
     if micro_clip is not None and precision.startswith("16"):
         raise TrainConfigError(
             f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
@@ -389,6 +423,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
     from omnibert.callbacks.progress import select_progress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
+    from omnibert.callbacks.stop import StopAtSafePoint
     from omnibert.run.profiling import profiler_for_run
 
     cfg, c, plugin, plan = prepared.cfg, prepared.c, prepared.plugin, prepared.plan
@@ -398,6 +433,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     mlperf = _mlperf_callback(prepared, output_dir)  # logs init_start before the model
     task, loaded = build_task(prepared)
     callbacks = [*_instantiate_all(cfg.get("callbacks")), CompletedBatchProgress()]
+    callbacks.append(StopAtSafePoint())  # SIGTERM / SIGINT: checkpoint this step, then stop
     callbacks += [mlperf] if mlperf else []
     if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
         callbacks.append(CheckpointOnSignal())
@@ -407,6 +443,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     callbacks = select_progress(callbacks, sys.stdout.isatty(), plan.batch.sequences_per_step)
     loggers = build_loggers(prepared)
     plugin.compile_model(task.model)
+    callbacks += plugin.callbacks()  # e.g. the CUDA graph step marker
     # the plugin's Trainer arguments (accelerator, strategy, precision, ...) and its view of
     # the loop counts (IPU: device-side accumulation) override the trainer config's
     hardware = plugin.trainer_kwargs(plan.precision)
@@ -476,6 +513,7 @@ def majority_baselines(validation: dict[str, float] | None) -> dict[str, float |
 
 def fit(run: Run) -> dict[str, Any]:
     """Train, validate on the whole eval set at the end, return the summary."""
+    from omnibert import stopping
     from omnibert.callbacks import PretrainingThroughput
     from omnibert.callbacks.mlperf import MLPerfCompliance
 
@@ -484,7 +522,8 @@ def fit(run: Run) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         try:
-            trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+            with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+                trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
         except RuntimeError as err:
             # Lightning's teardown can fail while a user error from restoring the loader
             # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
@@ -492,6 +531,13 @@ def fit(run: Run) -> dict[str, Any]:
                 raise err.__context__ from None
             raise
         seconds = time.perf_counter() - start
+        last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
+        stopping.set_context(
+            f" after training finished at step {trainer.global_step} ({last_ckpt} holds it)"
+            if last_ckpt.is_file()
+            else f" after training finished at step {trainer.global_step}"
+        )
+        stopping.check()  # a signal during the last validation inside fit
         if trainer.is_global_zero:  # finished: nothing left to resume after a time limit
             (Path(plan.checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)
         last = task.last_validation
@@ -501,7 +547,6 @@ def fit(run: Run) -> dict[str, Any]:
         finish_loggers(trainer.loggers)
     throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
     mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
-    last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
     return {
         "run_name": prepared.c["run_name"],
         "steps": trainer.global_step,

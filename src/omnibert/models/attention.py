@@ -1,0 +1,430 @@
+"""Attention backends of the encoder: one maths (block-diagonal over ``sequence_ids``), several kernels.
+
+``model.config.attention`` (:data:`~omnibert.models.config.ATTENTION_BACKENDS`):
+
+* ``math``: the reference, written out: scores, ``-inf`` where the query's and the key's
+  sequence ids differ, softmax in fp32 accumulation, dropout on the probabilities;
+* ``sdpa``: ``F.scaled_dot_product_attention`` with the same ``[B,1,Q,S]`` boolean mask;
+* ``flex``: FlexAttention with a block mask built from ``sequence_ids`` (a document mask: whole
+  blocks across sequences are skipped). It has no attention dropout and, in torch 2.13, no
+  backward on the CPU (:func:`check_backend` refuses those runs before compute);
+* ``varlen``: the encoder runs on the real tokens only (:class:`Unpadded`): the non-padding
+  tokens of the batch become one ``[T,H]`` stream of segments (one per sequence, packed rows
+  give one per packed sequence), embeddings, QKV, FFN and LayerNorm run on ``T`` rows and
+  attention is ``torch.nn.attention.varlen.varlen_attn`` (flash, CUDA, fp16/bf16, no dropout)
+  or, elsewhere, SDPA / the math kernel on the segments re-padded per length bucket;
+* ``auto``: the backend measured fastest for the device, the dropout and the sequence length
+  (:data:`AUTO_CHOICES`, numbers in the docs and ``scripts/bench_attention.py``).
+
+Every backend gives the same hidden states at real tokens (tests/test_attention.py checks it
+against ``math``). Where they may differ is only what nobody reads: ``varlen`` does not compute
+padding tokens when the caller reads a subset of rows (the pretraining heads): a read row at a
+padding position is zero there (the heads weigh such slots 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from omnibert.compat import compiler_disable
+from omnibert.models.config import ATTENTION_BACKENDS, BertConfigError
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AUTO_CHOICES",
+    "DenseAttention",
+    "Unpadded",
+    "block_diagonal_mask",
+    "check_backend",
+    "explicit_attention",
+    "plan_attention",
+    "resolve_attention",
+]
+
+#: ``auto``'s choice per (device type, attention dropout active): the backend for sequence
+#: lengths up to each bound. CPU: measured with scripts/bench_attention.py (numbers on the
+#: docs page pretraining/attention.md): at seq 128 rows are ~90-97 % real tokens and unpadding
+#: does not pay (0.99x); at seq 512 (Wikipedia lengths, ~50 % padding) varlen is 2.5x faster
+#: (measured with attention dropout; without it the same rows are skipped, not measured
+#: apart). CUDA: not measured yet (no GPU was available), so the dense mask path (SDPA) stays
+#: until bench numbers say otherwise. Device types not listed (hpu, ipu: static graphs, no
+#: host syncs) use ``sdpa``.
+AUTO_CHOICES: dict[tuple[str, bool], tuple[tuple[int, str], ...]] = {
+    ("cpu", False): ((128, "sdpa"), (1 << 30, "varlen")),
+    ("cpu", True): ((128, "math"), (1 << 30, "varlen")),
+    ("cuda", False): ((1 << 30, "sdpa"),),
+    ("cuda", True): ((1 << 30, "sdpa"),),
+}
+
+
+def resolve_attention(backend: str, device_type: str, dropout: bool, seq_length: int) -> str:
+    """The backend that runs: ``backend`` itself, or ``auto``'s choice (:data:`AUTO_CHOICES`)
+    for this device type, attention dropout (on or off) and sequence length (on the meta
+    device, ``varlen`` counts as ``math``)."""
+    if backend == "varlen" and device_type == "meta":
+        # the memory estimate's meta forward (omnibert.run.compile_only) has no data to unpad:
+        # it counts the padded math path, an upper bound of what varlen keeps
+        return "math"
+    if backend != "auto":
+        return backend
+    for bound, choice in AUTO_CHOICES.get((device_type, dropout), ((1 << 30, "sdpa"),)):
+        if seq_length <= bound:
+            return choice
+    return "sdpa"
+
+
+def check_backend(backend: str, device_type: str, dropout: bool, *, backward: bool) -> None:
+    """Refuse, with the key to change, a backend that cannot run this way (before compute)."""
+    if backend == "flex" and dropout:
+        raise BertConfigError(
+            "model.config.attention=flex has no attention dropout; set "
+            "model.config.attention_probs_dropout_prob=0.0 or use sdpa, math or varlen."
+        )
+    if backend == "flex" and backward and device_type == "cpu":
+        raise BertConfigError(
+            "model.config.attention=flex has no backward pass on the CPU in this torch; use "
+            "auto, sdpa, math or varlen to train on the CPU (flex runs CPU inference only)."
+        )
+    if backend == "varlen" and device_type in ("hpu", "ipu"):
+        raise BertConfigError(
+            f"model.config.attention=varlen needs data-dependent shapes, which {device_type} "
+            "graphs do not have; use auto, sdpa or math there."
+        )
+
+
+def plan_attention(backend: str, device_type: str, dropout_prob: float, seq_length: int) -> str:
+    """What a training run will use, for its plan (checked first: :func:`check_backend`)."""
+    dropout = dropout_prob > 0.0
+    check_backend(backend, device_type, dropout, backward=True)
+    if backend != "auto":
+        return backend
+    train = resolve_attention(backend, device_type, dropout, seq_length)
+    evaluate = resolve_attention(backend, device_type, False, seq_length)
+    return (
+        f"auto: {train} in training, {evaluate} in evaluation ({device_type}, seq {seq_length}, "
+        f"attention dropout {dropout_prob:g}; measured table omnibert.models.attention.AUTO_CHOICES)"
+    )
+
+
+def block_diagonal_mask(sequence_ids: Tensor, query_ids: Tensor | None = None) -> Tensor:
+    """``[B,1,Q,S]`` bool: True where query i may attend key j (same sequence id).
+
+    ``query_ids`` (``[B,Q]``, default ``sequence_ids``) are the sequence ids of the query rows.
+    """
+    queries = sequence_ids if query_ids is None else query_ids
+    return (queries.unsqueeze(2) == sequence_ids.unsqueeze(1)).unsqueeze(1)
+
+
+def explicit_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float
+) -> Tensor:
+    """softmax(q k^T / sqrt(d), -inf where not ``mask``) v, dropout on the probabilities, in
+    the inputs' (autocast) dtype: scores from GEMMs that accumulate in fp32, softmax
+    accumulated in fp32, as the fused kernels do."""
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)
+    scores = scores.masked_fill_(mask.logical_not(), float("-inf"))
+    probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training=dropout_p > 0.0)
+    return torch.matmul(probs, value)
+
+
+def sdpa_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float
+) -> Tensor:
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+
+
+def masked_kernel(backend: str) -> Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor]:
+    return explicit_attention if backend == "math" else sdpa_attention
+
+
+def _flex_attention(
+    query: Tensor, key: Tensor, value: Tensor, query_ids: Tensor, key_ids: Tensor
+) -> Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def same_sequence(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return query_ids[b, q] == key_ids[b, k]
+
+    batch, _, rows, _ = query.shape
+    block_mask = create_block_mask(
+        same_sequence, batch, None, rows, key.shape[2], device=query.device.type
+    )
+    # fused kernels need torch.compile (eager flex materialises the scores); on the CPU,
+    # where flex serves inference only, eager is enough
+    attend = _compiled_flex(flex_attention) if query.is_cuda else flex_attention
+    out: Tensor = attend(query, key, value, block_mask=block_mask)
+    return out
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _compiled_flex(flex_attention: Any) -> Any:
+    if "flex" not in _COMPILED:
+        _COMPILED["flex"] = torch.compile(flex_attention)
+    return _COMPILED["flex"]
+
+
+@dataclass
+class DenseAttention:
+    """Attention on ``[B,heads,Q,D]`` queries over ``[B,heads,S,D]`` keys, block-diagonal over
+    the query rows' and the keys' sequence ids (``math``, ``sdpa`` or ``flex``)."""
+
+    backend: str
+    key_ids: Tensor  # [B,S]
+    query_ids: Tensor  # [B,Q]
+    mask: Tensor | None = None  # [B,1,Q,S] for math / sdpa
+
+    @classmethod
+    def build(
+        cls, backend: str, key_ids: Tensor, query_ids: Tensor | None = None
+    ) -> DenseAttention:
+        queries = key_ids if query_ids is None else query_ids
+        mask = None if backend == "flex" else block_diagonal_mask(key_ids, queries)
+        return cls(backend, key_ids, queries, mask)
+
+    def __call__(self, query: Tensor, key: Tensor, value: Tensor, dropout_p: float) -> Tensor:
+        if self.mask is None:
+            if dropout_p > 0.0:  # check_backend refuses this before a run starts
+                raise BertConfigError("model.config.attention=flex has no attention dropout.")
+            return _flex_attention(query, key, value, self.query_ids, self.key_ids)
+        return masked_kernel(self.backend)(query, key, value, self.mask, dropout_p)
+
+
+# ----------------------------------------------------------------------------- varlen
+
+
+@dataclass
+class _Bucket:
+    """Segments re-padded to one length: ``keys [n,L]`` / ``queries [n,Lq]`` index the stream
+    (the extra last row stands for padding), ``key_mask [n,1,1,L]``, ``valid`` the query slots
+    that are real, ``targets`` where they go in the output."""
+
+    keys: Tensor
+    key_mask: Tensor
+    queries: Tensor
+    valid: Tensor
+    targets: Tensor
+
+
+def _padded_index(
+    starts: list[int], lengths: list[int], width: int, pad: int, device: torch.device
+) -> Tensor:
+    """``[n,width]``: ``starts[i] + j`` where ``j < lengths[i]``, else ``pad``."""
+    start = torch.tensor(starts, device=device).unsqueeze(1)
+    offsets = torch.arange(width, device=device)
+    inside = offsets < torch.tensor(lengths, device=device).unsqueeze(1)
+    return torch.where(inside, start + offsets, pad)
+
+
+def _buckets(
+    q_starts: list[int],
+    q_lengths: list[int],
+    k_starts: list[int],
+    k_lengths: list[int],
+    pad_q: int,
+    pad_k: int,
+    granule: int,
+    device: torch.device,
+) -> list[_Bucket]:
+    """Group the segments by key length rounded up to ``granule`` (segments without queries
+    are left out) and index them for re-padded attention."""
+    groups: dict[int, list[int]] = {}
+    for s, (q_len, k_len) in enumerate(zip(q_lengths, k_lengths, strict=True)):
+        if q_len:
+            groups.setdefault(-(-k_len // granule) * granule, []).append(s)
+    out = []
+    for width, segments in sorted(groups.items()):
+        q_counts = [q_lengths[s] for s in segments]
+        keys = _padded_index(
+            [k_starts[s] for s in segments], [k_lengths[s] for s in segments], width, pad_k, device
+        )
+        queries = _padded_index(
+            [q_starts[s] for s in segments], q_counts, max(q_counts), pad_q, device
+        )
+        valid = (queries != pad_q).reshape(-1)
+        out.append(
+            _Bucket(
+                keys=keys,
+                key_mask=(keys != pad_k)[:, None, None, :],
+                queries=queries,
+                valid=valid.nonzero().squeeze(1),
+                targets=queries.reshape(-1)[valid],
+            )
+        )
+    return out
+
+
+@dataclass
+class _Segments:
+    """Queries grouped by segment over a key stream: cumulative lengths and re-pad buckets."""
+
+    cu_q: Tensor  # [N+1] int32
+    cu_k: Tensor  # [N+1] int32
+    max_q: int
+    max_k: int
+    rows_q: int
+    buckets: list[_Bucket]
+
+
+@compiler_disable  # a loop over data-dependent buckets: eager, between compiled graphs
+def _bucketed_attention(
+    q: Tensor, k: Tensor, v: Tensor, buckets: list[_Bucket], kernel: str, dropout_p: float
+) -> Tensor:
+    """``[Q,heads,D]`` queries over ``[T,heads,D]`` keys, each bucket's segments re-padded to
+    its width (the appended zero row is the padding slot) and attended with ``kernel``."""
+    if not buckets:  # no query row is a real token
+        return q * 0.0
+    q_pad, k_pad, v_pad = (torch.cat((x, x.new_zeros(1, *x.shape[1:]))) for x in (q, k, v))
+    attend = masked_kernel(kernel)
+    parts, targets = [], []
+    for b in buckets:
+        # [n,L,heads,D] -> [n,heads,L,D]
+        qb = q_pad[b.queries].transpose(1, 2)
+        kb, vb = k_pad[b.keys].transpose(1, 2), v_pad[b.keys].transpose(1, 2)
+        context = attend(qb, kb, vb, b.key_mask, dropout_p).transpose(1, 2)
+        parts.append(context.reshape(-1, *q.shape[1:])[b.valid])
+        targets.append(b.targets)
+    return torch.empty_like(q).index_copy(0, torch.cat(targets), torch.cat(parts))
+
+
+class VarlenAttention:
+    """Attention of a query stream over a key stream ``[1,heads,T,D]``, each query seeing
+    only the keys of its segment."""
+
+    def __init__(self, segments: _Segments, kernel: str) -> None:
+        self.segments = segments
+        self.kernel = kernel  # math or sdpa, for the re-padded buckets
+
+    def __call__(self, query: Tensor, key: Tensor, value: Tensor, dropout_p: float) -> Tensor:
+        seg = self.segments
+        # [1,heads,T,D] -> [T,heads,D]
+        q, k, v = (x.squeeze(0).transpose(0, 1) for x in (query, key, value))
+        if q.is_cuda and dropout_p == 0.0 and q.dtype in (torch.float16, torch.bfloat16):
+            from torch.nn.attention.varlen import varlen_attn
+
+            out = varlen_attn(
+                q.contiguous(),
+                k.contiguous(),
+                v.contiguous(),
+                seg.cu_q,
+                seg.cu_k,
+                seg.max_q,
+                seg.max_k,
+            )
+            assert isinstance(out, Tensor)
+            return out.transpose(0, 1).unsqueeze(0)
+        # elsewhere (CPU, fp32, attention dropout): re-padded per length bucket
+        out = _bucketed_attention(q, k, v, seg.buckets, self.kernel, dropout_p)
+        return out.transpose(0, 1).unsqueeze(0)
+
+
+@dataclass
+class Unpadded:
+    """A batch's real tokens as one stream (``varlen``), from ``sequence_ids [B,S]``.
+
+    ``tokens [T]`` are flat ``B*S`` indices of the real tokens ordered by (row, sequence id):
+    one contiguous segment per sequence. ``attention`` serves every layer but the last;
+    with ``output_positions`` the last layer runs only the read rows that are real tokens
+    (``queries [Q]``: stream indices grouped by segment, ``slots [Q]``: where they sit in the
+    flat ``B*N`` output) with ``last``. ``keep_padding`` makes each row's padding a segment
+    too (full outputs: every position computed as the reference does).
+    """
+
+    shape: tuple[int, int]
+    tokens: Tensor
+    attention: VarlenAttention
+    queries: Tensor | None = None
+    slots: Tensor | None = None
+    last: VarlenAttention | None = None
+
+    @classmethod
+    @compiler_disable  # host-side indexing: one graph break, eager
+    @torch.no_grad()
+    def build(
+        cls,
+        sequence_ids: Tensor,
+        output_positions: Tensor | None,
+        kernel: str,
+        *,
+        keep_padding: bool = False,
+        granule: int = 32,
+    ) -> Unpadded:
+        batch, seq = sequence_ids.shape
+        device = sequence_ids.device
+        ids = sequence_ids.reshape(-1).long()
+        flat = torch.arange(batch * seq, device=device)
+        keys = (flat // seq) * (int(ids.max()) + 1) + ids  # (row, sequence id) in one number
+        real = flat if keep_padding else flat[ids != 0]
+        if len(real) == 0:  # a batch of padding rows only: computed as the reference does
+            real = flat
+        tokens = real[torch.argsort(keys[real], stable=True)]
+        # T changes from batch to batch: compiled graphs take it as a dynamic size at once
+        # (no recompile per T) where this torch can say so
+        mark = getattr(getattr(torch, "_dynamo", None), "maybe_mark_dynamic", None)
+        if mark is not None:
+            mark(tokens, 0)
+        _, lengths_t = torch.unique_consecutive(keys[tokens], return_counts=True)
+        lengths = lengths_t.tolist()
+        starts = [0]
+        for n in lengths[:-1]:
+            starts.append(starts[-1] + n)
+        total = len(tokens)
+        cu = torch.tensor([*starts, total], dtype=torch.int32, device=device)
+        full = _Segments(
+            cu, cu, max(lengths, default=0), max(lengths, default=0), total,
+            _buckets(starts, lengths, starts, lengths, total, total, granule, device),
+        )  # fmt: skip
+        out = cls((batch, seq), tokens, VarlenAttention(full, kernel))
+        if output_positions is None:
+            return out
+        # the read rows: flat positions -> stream indices (-1: padding), grouped by segment
+        where = torch.full((batch * seq,), -1, dtype=torch.long, device=device)
+        where[tokens] = torch.arange(total, device=device)
+        segment_of = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths_t)
+        read = output_positions + (torch.arange(batch, device=device) * seq).unsqueeze(1)
+        stream = where[read.reshape(-1)]
+        slots = (stream >= 0).nonzero().squeeze(1)
+        slots = slots[torch.argsort(segment_of[stream[slots]], stable=True)]
+        queries = stream[slots]
+        if mark is not None:
+            mark(queries, 0)
+            mark(slots, 0)
+        q_lengths = torch.bincount(segment_of[queries], minlength=len(lengths)).tolist()
+        q_starts = [0]
+        for n in q_lengths[:-1]:
+            q_starts.append(q_starts[-1] + n)
+        rows = len(queries)
+        last = _Segments(
+            torch.tensor([*q_starts, rows], dtype=torch.int32, device=device),
+            cu,
+            max(q_lengths, default=0),
+            full.max_k,
+            rows,
+            _buckets(q_starts, q_lengths, starts, lengths, rows, total, granule, device),
+        )
+        out.queries, out.slots, out.last = queries, slots, VarlenAttention(last, kernel)
+        return out
+
+    def gather(self, values: Tensor) -> Tensor:
+        """``[B,S,...]`` -> ``[1,T,...]``: the stream's tokens."""
+        return values.reshape(-1, *values.shape[2:])[self.tokens].unsqueeze(0)
+
+    def scatter(self, hidden: Tensor, rows: int | None = None) -> Tensor:
+        """The stream's ``[1,T,H]`` (or the read rows' ``[1,Q,H]``) back in ``[B,S,H]`` (or
+        ``[B,N,H]``, ``rows`` = N) with zeros where no row was computed."""
+        width = hidden.shape[-1]
+        if rows is None:
+            batch, seq = self.shape
+            index, size = self.tokens, batch * seq
+        else:
+            assert self.slots is not None
+            batch, index, size = self.shape[0], self.slots, self.shape[0] * rows
+        flat = hidden.new_zeros(size, width).index_copy(0, index, hidden.squeeze(0))
+        return flat.view(batch, -1, width)

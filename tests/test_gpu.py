@@ -1,0 +1,229 @@
+"""The GPU path on a CUDA device (``pytest -m gpu``; deselected by default, no CUDA here).
+
+Each test goes through the app's wiring (``omnibert-train`` with ``accelerator=gpu``) or the
+public classes, with the GPU defaults: ``trainer.precision=auto`` (bf16 autocast on Ampere
+and newer), ``torch.compile`` on, LAMB's Triton kernel (``optimizer.impl=auto``). Their CPU
+analogues run in the default suite: tests/test_kernels.py (compile without recompiles, the
+defaults, CUDA graphs settings, fused AdamW), tests/test_train_resume.py (bitwise resume),
+tests/test_ddp.py, tests/test_lamb_triton.py (the kernel under the Triton interpreter) and
+tests/test_bench_gpu.py (the benchmark's smoke mode).
+
+    pytest -m gpu tests/test_gpu.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dynamo_counts
+import pytest
+import torch
+
+from omnibert.apps.compose import compose
+from omnibert.apps.train import run_or_exit
+
+pytestmark = pytest.mark.gpu
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+#: experiment=smoke (1-layer 32-wide BERT, generated rows, global batch 8 = 2 micro-batches of
+#: 4, 6 steps, validation every 3) on the GPU with its defaults
+GPU_SMOKE = ("experiment=smoke", "accelerator=gpu")
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.fail("pytest -m gpu needs a CUDA GPU that torch can see")
+
+
+@pytest.fixture
+def fresh_dynamo():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    dynamo_counts.SEEN.clear()
+    dynamo_counts.OPTIMIZER.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _train_in_process(root: Path, *overrides: str) -> dict[str, Any]:
+    cfg = compose("pretrain", [*GPU_SMOKE, f"paths.output_root={root}", *overrides])
+    return run_or_exit(cfg, root / "out")
+
+
+def _train(root: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """``python -m omnibert.apps.train`` in a fresh process (fresh CUDA context, so the
+    cuBLAS workspace setting of deterministic mode applies from the start)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "omnibert.apps.train", *GPU_SMOKE, f"paths.output_root={root}",
+         *overrides],
+        cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def _state(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("attention", ["auto", "varlen"])
+@pytest.mark.parametrize("packing", ["none", "online"])
+def test_training_bf16_compiled_by_default_without_recompiles(
+    tmp_path, packing, attention, fresh_dynamo
+):
+    summary = _train_in_process(
+        tmp_path,
+        f"model.config.attention={attention}",
+        f"data.packing={packing}",
+        "data.pack.buffer_size=64",
+        "+callbacks.dynamo={_target_:dynamo_counts.DynamoCounts}",
+    )
+    plan = summary["plan"]
+    assert plan["precision"] == "bf16-mixed"  # auto on a GPU with bf16
+    assert plan["kernels"]["compile"].startswith("torch.compile, mode default")
+    assert plan["kernels"]["CUDA graphs"] == "off"
+    assert plan["kernels"]["optimizer"].startswith("LAMB triton")
+    assert dynamo_counts.OPTIMIZER["impl"] == "triton"  # what the optimiser really ran
+    assert summary["steps"] == 6
+    validation = summary["validation"]
+    assert validation is not None and math.isfinite(validation["val/loss"])
+    train = [s for s in dynamo_counts.SEEN if s["event"] == "train"]
+    assert train[0]["graphs"] >= 1 and train[0]["breaks"] == 0
+    # between validations (which compile their own graph) training never compiles again
+    first_validation = next(i for i, s in enumerate(dynamo_counts.SEEN) if s["event"] != "train")
+    assert all(s == train[0] for s in dynamo_counts.SEEN[:first_validation])
+    if packing == "online":
+        assert plan["batch"]["sequences_per_row"] > 1.0
+
+
+def test_training_with_cuda_graphs(tmp_path, fresh_dynamo):
+    summary = _train_in_process(tmp_path, "accelerator.cuda_graphs=true")
+    assert summary["plan"]["kernels"]["CUDA graphs"] == "on (torch.compile mode reduce-overhead)"
+    assert summary["steps"] == 6
+    assert math.isfinite(summary["validation"]["val/loss"])
+
+
+def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path):
+    """Eager, deterministic algorithms (Lightning sets torch.use_deterministic_algorithms and
+    the cuBLAS workspace), LAMB's foreach kernel: the Triton kernel sums each tensor's norms
+    with atomics, whose order is not fixed, so it is left out of the bitwise comparison."""
+    common = (
+        "trainer.deterministic=true",
+        "accelerator.compile=false",
+        "optimizer.impl=foreach",
+        "phase.max_steps=4",
+        "callbacks.checkpoint.every_n_train_steps=1",
+        "callbacks.checkpoint.save_top_k=-1",
+    )
+    straight = _train(tmp_path, *common, "run_name=straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    ckpts = tmp_path / "straight" / "checkpoints"
+    resumed = _train(
+        tmp_path, *common, "run_name=resumed", f"ckpt_path={ckpts / 'step-00000002.ckpt'}"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = _state(ckpts / "last.ckpt")
+    got = _state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert want["global_step"] == got["global_step"] == 4
+    for name, tensor in want["state_dict"].items():
+        assert torch.equal(got["state_dict"][name], tensor), name
+    for a, b in zip(
+        want["optimizer_states"][0]["state"].values(),
+        got["optimizer_states"][0]["state"].values(),
+        strict=True,
+    ):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_gpu_ddp(tmp_path):
+    done = _train(tmp_path, "accelerator.strategy=ddp", "accelerator.devices=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (summary_file,) = tmp_path.glob("smoke/hydra/*/summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["steps"] == 6 and summary["plan"]["precision"] == "bf16-mixed"
+    assert math.isfinite(summary["validation"]["val/loss"])
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def _named_parameters(device: str, dtype: torch.dtype) -> list[tuple[str, torch.nn.Parameter]]:
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"layer.weight": (300, 257), "layer.bias": (257,), "LayerNorm.weight": (64,),
+              "big.weight": (4099, 3)}  # fmt: skip
+    return [
+        (name, torch.nn.Parameter(torch.randn(shape, generator=gen, dtype=dtype).to(device)))
+        for name, shape in shapes.items()
+    ]
+
+
+def _trajectory(optimizer_factory: Any, device: str, dtype: torch.dtype, steps: int = 5) -> list:
+    named = _named_parameters(device, dtype)
+    optimizer = optimizer_factory(named)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for _, p in named:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=dtype).to(device)
+        optimizer.step()
+    return [p.detach().cpu().double() for _, p in named], optimizer
+
+
+def test_triton_lamb_on_cuda_follows_the_reference_implementation():
+    from omnibert_kernels.lamb_triton import triton_available
+
+    from omnibert.optim import Lamb
+
+    assert triton_available(torch.device("cuda"))
+
+    def lamb(impl: str) -> Any:
+        return lambda named: Lamb(named, lr=1e-2, impl=impl, no_weight_decay=["bias", "LayerNorm"])
+
+    want, _ = _trajectory(lamb("reference"), "cpu", torch.float32)
+    got, optimizer = _trajectory(lamb("auto"), "cuda", torch.float32)
+    assert optimizer.resolve_impl() == "triton"
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adamw_on_cuda_matches_foreach():
+    from omnibert.optim import AdamW
+
+    fused, opt = _trajectory(lambda n: AdamW(n, lr=1e-2, fused="auto"), "cuda", torch.float32)
+    assert opt.impl == "fused"
+    foreach, opt = _trajectory(lambda n: AdamW(n, lr=1e-2, foreach=True), "cuda", torch.float32)
+    assert opt.impl == "foreach"
+    for a, b in zip(foreach, fused, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def test_bench_gpu_smoke_on_cuda(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--smoke", "--device", "cuda",
+         "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for case in json.loads(out.read_text())["cases"]:
+        assert case["precision"] == "bf16-mixed"
+        assert case["kernels"]["compile"].startswith("torch.compile")
+        for name in ("omnibert", "hf"):
+            assert case[name]["sequences_per_sec"] > 0
+            assert case[name]["peak_memory_bytes"] > 0
