@@ -92,7 +92,6 @@ def straight(tmp_path_factory, compose_config) -> dict:
         root = tmp_path_factory.mktemp(f"straight{workers}")
         summary = _in_process(
             compose_config,
-            compose_config,
             root,
             "run_name=straight",
             f"data.num_workers={workers}",
@@ -157,7 +156,6 @@ def _resume_from_step(
 ) -> None:
     ckpt = straight[workers]["ckpts"] / f"step-{step:08d}.ckpt"
     _in_process(
-        compose_config,
         compose_config,
         tmp_path,
         "run_name=resumed",
@@ -247,7 +245,6 @@ def test_settings_that_disagree_with_the_data_are_refused(
 def test_impossible_batch_arithmetic_is_refused(tmp_path, capsys, compose_config):
     message = _refused(
         compose_config,
-        compose_config,
         tmp_path,
         capsys,
         "phase.global_batch_size=10",
@@ -262,7 +259,6 @@ def test_initial_weights_of_another_architecture_are_refused(
     phase1 = straight[0]["ckpts"] / "last.ckpt"
     message = _refused(
         compose_config,
-        compose_config,
         tmp_path,
         capsys,
         f"phase.init_from={phase1}",
@@ -270,7 +266,6 @@ def test_initial_weights_of_another_architecture_are_refused(
     )
     assert "hidden_size=32 (this model: 64)" in message
     message = _refused(
-        compose_config,
         compose_config,
         tmp_path,
         capsys,
