@@ -8,6 +8,9 @@
    ``vocab_size`` (every id, segment, position and label range-checked) against the same
    collator without it, on the same rows.
 
+Writes ``integrity.json`` and ``integrity.svg`` (seconds per GiB and milliseconds per batch, each
+check beside its peer) to ``--results-dir``.
+
     python scripts/bench_integrity.py --mib 1024 --rows 256 --seq 128 --repeat 30
 """
 
@@ -19,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchplot
 import numpy as np
 
 
@@ -48,7 +52,7 @@ def _best(fn, repeat: int) -> float:
     return min(times)
 
 
-def bench_checksum(mib: int, repeat: int) -> None:
+def bench_checksum(mib: int, repeat: int) -> dict[str, float]:
     from omnibert.data.integrity import crc32c_file
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,6 +64,7 @@ def bench_checksum(mib: int, repeat: int) -> None:
         gib = mib / 1024
         read = _best(lambda: _read_only(path), repeat)
         crc = _best(lambda: crc32c_file(path), repeat)
+        out = {"read_s_per_gib": read / gib, "crc_s_per_gib": crc / gib}
         print(f"page cache, {mib} MiB: read {read:.3f} s ({gib / read:.2f} GiB/s), CRC-32C "
               f"{crc:.3f} s ({gib / crc:.2f} GiB/s), CRC/read {crc / read:.2f}x, "
               f"{crc / gib:.3f} s per GiB")  # fmt: skip
@@ -73,9 +78,11 @@ def bench_checksum(mib: int, repeat: int) -> None:
             cold_crc = time.perf_counter() - start
             print(f"dropped from the cache: read {cold_read:.3f} s, CRC-32C {cold_crc:.3f} s "
                   f"({cold_crc / gib:.3f} s per GiB), CRC/read {cold_crc / cold_read:.2f}x")  # fmt: skip
+            out.update(cold_read_s_per_gib=cold_read / gib, cold_crc_s_per_gib=cold_crc / gib)
+        return out
 
 
-def bench_collate(rows: int, seq: int, repeat: int) -> None:
+def bench_collate(rows: int, seq: int, repeat: int) -> dict[str, float]:
     import pyarrow as pa
 
     from omnibert.data.collate import PretrainingCollator
@@ -108,6 +115,7 @@ def bench_collate(rows: int, seq: int, repeat: int) -> None:
     b = _best(lambda: checked(batch), repeat)
     print(f"collate {rows} rows x {seq} tokens: without the id range checks {a * 1e3:.3f} ms, "
           f"with them {b * 1e3:.3f} ms, ratio {b / a:.3f}x")  # fmt: skip
+    return {"collate_ms": a * 1e3, "collate_checked_ms": b * 1e3}
 
 
 def main() -> None:
@@ -116,9 +124,42 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=5)
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
-    bench_checksum(args.mib, args.repeat)
-    bench_collate(args.rows, args.seq, args.repeat * 6)
+    crc = bench_checksum(args.mib, args.repeat)
+    collate = bench_collate(args.rows, args.seq, args.repeat * 6)
+    fig, (left, right) = benchplot.figure(2)
+    cold = "cold_crc_s_per_gib" in crc
+    groups = ["page cache", *(["dropped from the cache"] if cold else [])]
+    series = {
+        "CRC-32C": [crc["crc_s_per_gib"], *([crc["cold_crc_s_per_gib"]] if cold else [])],
+        "read only": [crc["read_s_per_gib"], *([crc["cold_read_s_per_gib"]] if cold else [])],
+    }
+    benchplot.draw_bars(
+        left, f"verify_checksums on a {args.mib} MiB file", "seconds per GiB", groups, series,
+        ratio_of=("CRC-32C", "read only"),
+    )  # fmt: skip
+    benchplot.draw_bars(
+        right, f"collate {args.rows} rows x {args.seq} tokens", "ms per batch", ["collate"],
+        {"range-checked": [collate["collate_checked_ms"]], "unchecked": [collate["collate_ms"]]},
+    )  # fmt: skip
+    ratio = crc["crc_s_per_gib"] / crc["read_s_per_gib"]
+    check = collate["collate_checked_ms"] / collate["collate_ms"]
+    record = benchplot.Record(
+        name="integrity",
+        title="What the data integrity checks cost against their peers (read only; unchecked)",
+        headline=f"CRC-32C {crc['crc_s_per_gib']:.3f} s per GiB ({ratio:.2f}x a plain read, "
+        f"page cache); range checks {check:.3f}x an unchecked collate",
+        tables=[
+            benchplot.Table(
+                "seconds per GiB / ms per batch",
+                ["measure", "value"],
+                [[k, f"{v:.3f}"] for k, v in {**crc, **collate}.items()],
+            )
+        ],
+        measurements={**crc, **collate, "mib": args.mib, "rows": args.rows, "seq": args.seq},
+    )
+    benchplot.save(record, fig, args.results_dir)
 
 
 if __name__ == "__main__":
