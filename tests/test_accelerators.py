@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omnibert.accelerators import AcceleratorError, build_plugin
 from omnibert.accelerators.cpu import CPUPlugin
 from omnibert.accelerators.gpu import GPUPlugin
-from omnibert.apps.compose import compose, group_options
+from omnibert.apps.compose import group_options
 from omnibert.apps.train import run, run_or_exit
 
 ACCELERATORS = group_options("accelerator")
@@ -24,10 +24,6 @@ ACCELERATORS = group_options("accelerator")
 HARDWARE_TRAINER_KEYS = {"trainer.accelerator", "trainer.devices", "trainer.num_nodes",
                          "trainer.strategy"}  # fmt: skip
 SMOKE = ("experiment=smoke",)
-
-
-def _compose(*overrides: str) -> Any:
-    return compose("pretrain", list(overrides))
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -39,34 +35,34 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def _differences(name: str, resolve: bool, tmp_path: Path) -> set[str]:
+def _differences(compose_config, name: str, resolve: bool, tmp_path: Path) -> set[str]:
     base = [f"paths.output_root={tmp_path}", "data.train_path=x"]
-    a = _flat(OmegaConf.to_container(_compose(*base, "accelerator=cpu"), resolve=resolve))
-    b = _flat(OmegaConf.to_container(_compose(*base, f"accelerator={name}"), resolve=resolve))
+    a = _flat(OmegaConf.to_container(compose_config(*base, "accelerator=cpu"), resolve=resolve))
+    b = _flat(OmegaConf.to_container(compose_config(*base, f"accelerator={name}"), resolve=resolve))
     return {k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>")}
 
 
 @pytest.mark.parametrize("name", ACCELERATORS)
-def test_an_accelerator_changes_only_the_accelerator_group(name, tmp_path):
-    diffs = _differences(name, resolve=False, tmp_path=tmp_path)
+def test_an_accelerator_changes_only_the_accelerator_group(name, tmp_path, compose_config):
+    diffs = _differences(compose_config, name, resolve=False, tmp_path=tmp_path)
     outside = sorted(k for k in diffs if not k.startswith("accelerator."))
     assert not outside, f"accelerator={name} changes {outside}"
     # resolved, only the hardware keys the trainer reads from the group may follow it
-    resolved = _differences(name, resolve=True, tmp_path=tmp_path)
+    resolved = _differences(compose_config, name, resolve=True, tmp_path=tmp_path)
     assert {k for k in resolved if not k.startswith("accelerator.")} <= HARDWARE_TRAINER_KEYS
     if name != "cpu":
         assert diffs, f"accelerator={name} is the cpu config"
-    node = OmegaConf.to_container(_compose(f"accelerator={name}").accelerator)
+    node = OmegaConf.to_container(compose_config(f"accelerator={name}").accelerator)
     assert isinstance(node, dict)
     assert node["_target_"].startswith("omnibert.accelerators.")
     assert {"accelerator", "devices", "num_nodes", "strategy"} <= node.keys()
 
 
-def test_every_accelerator_config_names_an_existing_plugin_class():
+def test_every_accelerator_config_names_an_existing_plugin_class(compose_config):
     import importlib
 
     for name in ACCELERATORS:
-        target = str(_compose(f"accelerator={name}").accelerator._target_)
+        target = str(compose_config(f"accelerator={name}").accelerator._target_)
         module, cls = target.rsplit(".", 1)
         assert hasattr(importlib.import_module(module), cls), target
 
@@ -139,12 +135,13 @@ def test_gpu_fsdp_takes_omnibert_lamb_and_adamw_and_refuses_vendor_lamb():
     ("name", "needs"),
     [("hpu", "habana_frameworks"), ("ipu", "poptorch")],
 )
-def test_missing_sdk_stops_before_any_compute_with_one_sentence(name, needs, tmp_path, capsys,
-                                                                 monkeypatch):  # fmt: skip
+def test_missing_sdk_stops_before_any_compute_with_one_sentence(
+    name, needs, tmp_path, capsys, monkeypatch, compose_config
+):
     for sdk in ("poptorch", "habana_frameworks", "lightning_habana"):
         monkeypatch.setitem(sys.modules, sdk, None)  # importing it raises ImportError
     monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
-    cfg = _compose(*SMOKE, f"paths.output_root={tmp_path}", f"accelerator={name}")
+    cfg = compose_config(*SMOKE, f"paths.output_root={tmp_path}", f"accelerator={name}")
     with pytest.raises(SystemExit) as exit_info:
         run_or_exit(cfg, tmp_path / "out")
     assert exit_info.value.code == 2
@@ -155,11 +152,11 @@ def test_missing_sdk_stops_before_any_compute_with_one_sentence(name, needs, tmp
     assert not (tmp_path / "out").exists()  # stopped before the plan was written
 
 
-def test_smoke_run_on_cpu_plugin_writes_the_environment_report(tmp_path, capsys):
+def test_smoke_run_on_cpu_plugin_writes_the_environment_report(tmp_path, capsys, compose_config):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = _compose(*SMOKE, f"paths.output_root={tmp_path}", "val_every_n_steps=6")
+        cfg = compose_config(*SMOKE, f"paths.output_root={tmp_path}", "val_every_n_steps=6")
         summary = run(cfg, tmp_path / "out")
     finally:
         torch.set_num_threads(threads)

@@ -14,26 +14,21 @@ import torch
 
 from omnibert.accelerators import AcceleratorError, build_plugin
 from omnibert.accelerators.hpu import HPUPlugin
-from omnibert.apps.compose import compose
 from omnibert.apps.train import run
 
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"  # (conftest.fake_sdk puts it on sys.path)
 
 
-def _compose(*overrides: str) -> Any:
-    return compose("pretrain", list(overrides))
-
-
 # ---------------------------------------------------------------------------------- HPU
-def test_hpu_fake_lazy_mode_is_set_before_the_sdk_is_imported(fake_sdk):
-    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+def test_hpu_fake_lazy_mode_is_set_before_the_sdk_is_imported(fake_sdk, compose_config):
+    plugin = build_plugin(compose_config("accelerator=hpu").accelerator)
     import habana_frameworks.torch.core as htcore
 
     assert plugin.mode == "lazy" and htcore.LAZY_MODE_AT_IMPORT == "1"
 
 
-def test_hpu_fake_eager_mode_and_mode_conflicts(fake_sdk):
-    build_plugin(_compose("accelerator=hpu", "accelerator.mode=eager").accelerator)
+def test_hpu_fake_eager_mode_and_mode_conflicts(fake_sdk, compose_config):
+    build_plugin(compose_config("accelerator=hpu", "accelerator.mode=eager").accelerator)
     import habana_frameworks.torch.core as htcore
 
     assert htcore.LAZY_MODE_AT_IMPORT == "0"
@@ -45,8 +40,8 @@ def test_hpu_fake_eager_mode_and_mode_conflicts(fake_sdk):
         HPUPlugin(mode="eager", hpu_graphs=True)
 
 
-def test_hpu_fake_single_device_trainer_kwargs(fake_sdk):
-    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+def test_hpu_fake_single_device_trainer_kwargs(fake_sdk, compose_config):
+    plugin = build_plugin(compose_config("accelerator=hpu").accelerator)
     kwargs = plugin.trainer_kwargs("bf16-mixed")
     from lightning_habana.pytorch.accelerator import HPUAccelerator
     from lightning_habana.pytorch.plugins import HPUPrecisionPlugin
@@ -62,9 +57,11 @@ def test_hpu_fake_single_device_trainer_kwargs(fake_sdk):
         plugin.trainer_kwargs("16-mixed")
 
 
-def test_hpu_fake_parallel_strategy_and_device_count(fake_sdk):
+def test_hpu_fake_parallel_strategy_and_device_count(fake_sdk, compose_config):
     plugin = build_plugin(
-        _compose("accelerator=hpu", "accelerator.devices=8", "accelerator.num_nodes=2").accelerator
+        compose_config(
+            "accelerator=hpu", "accelerator.devices=8", "accelerator.num_nodes=2"
+        ).accelerator
     )
     kwargs = plugin.trainer_kwargs("32-true")
     from lightning_habana.pytorch.strategies import HPUParallelStrategy
@@ -74,28 +71,30 @@ def test_hpu_fake_parallel_strategy_and_device_count(fake_sdk):
     assert strategy.parallel_devices == [torch.device("hpu")] * 8
     assert kwargs["plugins"][0].precision == "32-true" and plugin.world_size == 16
     with pytest.raises(AcceleratorError, match=r"accelerator.devices=9 but this node has 8"):
-        build_plugin(_compose("accelerator=hpu", "accelerator.devices=9").accelerator)
+        build_plugin(compose_config("accelerator=hpu", "accelerator.devices=9").accelerator)
 
 
-def test_hpu_fake_fused_lamb_only_when_chosen(fake_sdk):
+def test_hpu_fake_fused_lamb_only_when_chosen(fake_sdk, compose_config):
     """accelerator=hpu never swaps the optimiser: optimizer=lamb is omnibert's LAMB there too;
     Habana's FusedLamb is optimizer=lamb_habana (the FAKE one here)."""
     from habana_frameworks.torch.hpex.optimizers import FusedLamb
 
     from omnibert.optim import Lamb
 
-    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+    plugin = build_plugin(compose_config("accelerator=hpu").accelerator)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    lamb = plugin.build_optimizer(model.named_parameters(), _compose("accelerator=hpu").optimizer)
+    lamb = plugin.build_optimizer(
+        model.named_parameters(), compose_config("accelerator=hpu").optimizer
+    )
     assert type(lamb) is Lamb
-    cfg = _compose("accelerator=hpu", "optimizer=lamb_habana").optimizer
+    cfg = compose_config("accelerator=hpu", "optimizer=lamb_habana").optimizer
     fused = plugin.build_optimizer(model.named_parameters(), cfg)
     assert isinstance(fused, FusedLamb) and fused.defaults["max_grad_norm"] == 1.0
     assert len(fused.param_groups) == 2  # decay / no decay (bias, LayerNorm)
 
 
-def test_hpu_fake_lazy_step_marks_after_backward_and_after_the_update(fake_sdk):
-    plugin = build_plugin(_compose("accelerator=hpu").accelerator)
+def test_hpu_fake_lazy_step_marks_after_backward_and_after_the_update(fake_sdk, compose_config):
+    plugin = build_plugin(compose_config("accelerator=hpu").accelerator)
     import habana_frameworks.torch.core as htcore
 
     class Net(torch.nn.Module):
@@ -138,9 +137,9 @@ def test_fake_lightning_habana_has_what_lightning_imports_from_the_real_one(fake
     assert HPUAccelerator.is_available() is False  # no Gaudi here
 
 
-def test_hpu_fake_graphs_wrap_the_model_with_module_cacher(fake_sdk):
+def test_hpu_fake_graphs_wrap_the_model_with_module_cacher(fake_sdk, compose_config):
     plugin = build_plugin(
-        _compose(
+        compose_config(
             "accelerator=hpu", "accelerator.hpu_graphs=true", "accelerator.max_graphs=4"
         ).accelerator
     )
@@ -152,11 +151,13 @@ def test_hpu_fake_graphs_wrap_the_model_with_module_cacher(fake_sdk):
 
 
 # ---------------------------------------------------------------------------------- IPU
-def _ipu_run(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+def _ipu_run(
+    compose_config, tmp_path: Path, *overrides: str
+) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     import poptorch
 
     poptorch.CALLS.clear()
-    cfg = _compose(
+    cfg = compose_config(
         "experiment=smoke",
         f"paths.output_root={tmp_path}",
         "accelerator=ipu",
@@ -185,9 +186,11 @@ def _calls(calls: list[tuple[str, Any]], name: str) -> list[Any]:
 
 @pytest.mark.parametrize("device_iterations", [1, 3])
 def test_ipu_fake_training_sets_options_wraps_the_model_and_drives_steps(
-    fake_sdk, tmp_path, device_iterations
+    fake_sdk, tmp_path, device_iterations, compose_config
 ):
-    summary, calls = _ipu_run(tmp_path, f"accelerator.device_iterations={device_iterations}")
+    summary, calls = _ipu_run(
+        compose_config, tmp_path, f"accelerator.device_iterations={device_iterations}"
+    )
     import poptorch
 
     (training,) = _calls(calls, "trainingModel")
@@ -233,9 +236,9 @@ def test_ipu_fake_schedule_advances_one_step_per_optimiser_step(fake_sdk, tmp_pa
         plugin.loop_kwargs(4, limit_train_batches=40, val_check_interval=None, max_steps=7)
 
 
-def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path):
+def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path, compose_config):
     plugin = build_plugin(
-        _compose(
+        compose_config(
             "accelerator=ipu", "accelerator.devices=4", "accelerator.device_iterations=2"
         ).accelerator
     )
@@ -254,7 +257,7 @@ def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path):
     model = BertForPreTraining(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
                                           num_attention_heads=2, intermediate_size=64,
                                           max_position_embeddings=32))  # fmt: skip
-    optimizer_cfg = _compose("accelerator=ipu", "optimizer=lamb_poptorch").optimizer
+    optimizer_cfg = compose_config("accelerator=ipu", "optimizer=lamb_poptorch").optimizer
     optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
     poptorch.CALLS.clear()
     report = plugin.compile_only(model, batch, optimizer)
@@ -265,12 +268,14 @@ def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path):
     assert report["ipus"] == 4
 
 
-def test_ipu_fake_refuses_more_ipus_than_the_host_has(fake_sdk, tmp_path):
+def test_ipu_fake_refuses_more_ipus_than_the_host_has(fake_sdk, tmp_path, compose_config):
     import poptorch
 
     poptorch.FAKE_IPUS = 2
     try:
-        plugin = build_plugin(_compose("accelerator=ipu", "accelerator.devices=4").accelerator)
+        plugin = build_plugin(
+            compose_config("accelerator=ipu", "accelerator.devices=4").accelerator
+        )
         with pytest.raises(AcceleratorError, match=r"needs 4 IPU\(s\)"):
             plugin.trainer_kwargs("32-true")
     finally:
@@ -292,12 +297,14 @@ VENDOR = {"lamb_habana": "FusedLamb", "lamb_poptorch": "LAMB"}
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("accelerator", ACCELERATORS)
-def test_every_accelerator_builds_the_configured_optimizer(fake_sdk, accelerator, optimizer):
+def test_every_accelerator_builds_the_configured_optimizer(
+    fake_sdk, accelerator, optimizer, compose_config
+):
     """Under every accelerator config, the optimiser built (and saved in the checkpoint's
     hyper-parameters) is the one configured, or it is refused with one sentence."""
     from hydra.utils import get_class, instantiate
 
-    cfg = _compose("experiment=smoke", f"accelerator={accelerator}", f"optimizer={optimizer}",
+    cfg = compose_config("experiment=smoke", f"accelerator={accelerator}", f"optimizer={optimizer}",
                    "+phase.lr.adamw=1e-4")  # fmt: skip
     plugin = instantiate(cfg.accelerator, _convert_="all")  # gpu: no CUDA here, not checked
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
@@ -317,12 +324,14 @@ def test_every_accelerator_builds_the_configured_optimizer(fake_sdk, accelerator
     ("accelerator", "optimizer"),
     [("cpu", "lamb"), ("hpu", "lamb"), ("hpu", "lamb_habana"), ("ipu", "lamb_poptorch")],
 )
-def test_a_run_trains_with_the_configured_optimizer(fake_sdk, tmp_path, accelerator, optimizer):
+def test_a_run_trains_with_the_configured_optimizer(
+    fake_sdk, tmp_path, accelerator, optimizer, compose_config
+):
     """Through the app's wiring: the task's optimiser and its saved hyper-parameters are the
     configured ones (the HPU plugin used to rewrite the _target_ before)."""
     from omnibert.run.training import build_task, prepare
 
-    cfg = _compose("experiment=smoke", f"paths.output_root={tmp_path}",
+    cfg = compose_config("experiment=smoke", f"paths.output_root={tmp_path}",
                    f"accelerator={accelerator}", f"optimizer={optimizer}")  # fmt: skip
     task, _ = build_task(prepare(cfg))
     assert task.hparams["optimizer"]["_target_"] == cfg.optimizer._target_

@@ -145,3 +145,22 @@ def test_arrow_errors_name_the_dataset_row() -> None:
     block = arrow_rows(rows).__getitems__([1, 6, 3])
     with pytest.raises(CollateError, match="row 6 of the dataset has 20 tokens"):
         PretrainingCollator(SEQ, PREDS)(block)
+
+
+def test_ids_out_of_range_are_named_before_any_model_sees_them() -> None:
+    """With the data's vocab size, token, segment and masked-token ids are range-checked."""
+    rows = make_rows(4, seed=5)
+    collate = PretrainingCollator(SEQ, PREDS, vocab_size=30522)
+    collate(rows)  # in range: fine
+    for key, value, bound in (
+        ("input_ids", 30522, 30521),
+        ("segment_ids", 2, 1),
+        ("masked_lm_ids", -1, 30521),
+    ):
+        broken = [dict(row) for row in rows]
+        broken[3][key] = [*broken[3][key][:-1], value]
+        with pytest.raises(
+            CollateError,
+            match=rf"^row 3 of the batch has {key} value {value}, outside 0\.\.{bound}; ",
+        ):
+            collate(broken)

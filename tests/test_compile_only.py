@@ -8,14 +8,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import omnibert.run.compile_only as compile_only_module
 from omnibert.accelerators.cpu import CPUPlugin
-from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.callbacks.throughput import bert_pretraining_flops
 from omnibert.data.collate import PretrainingCollator
@@ -36,13 +34,9 @@ TINY = dict(
 )
 
 
-def _compose(root: Path, *overrides: str):
-    return compose("pretrain", [f"paths.output_root={root}", *SMOKE, *overrides])
-
-
-def test_compile_only_reports_without_training(tmp_path, capsys):
+def test_compile_only_reports_without_training(tmp_path, capsys, compose_config):
     out = tmp_path / "out"
-    report = run_or_exit(_compose(tmp_path), out)
+    report = run_or_exit(compose_config(*SMOKE, root=tmp_path), out)
     assert json.loads((out / "compile_report.json").read_text()) == report
     printed = capsys.readouterr().out
     assert "compile-only, bert-smoke on cpu" in printed and "fits                yes" in printed
@@ -102,11 +96,11 @@ def test_activation_estimate_matches_a_real_forward_and_scales_with_the_shapes()
     assert 1.5 < _meta_bytes(4, 64) / meta < 2.0
 
 
-def test_a_step_whose_estimate_exceeds_the_memory_is_not_run(tmp_path, monkeypatch):
+def test_a_step_whose_estimate_exceeds_the_memory_is_not_run(tmp_path, monkeypatch, compose_config):
     monkeypatch.setattr(compile_only_module, "available_memory", lambda device: (2**16, "test"))
     ran = []
     monkeypatch.setattr(CPUPlugin, "compile_only", lambda *a, **k: ran.append(a) or {})
-    report = run_or_exit(_compose(tmp_path), tmp_path / "out")
+    report = run_or_exit(compose_config(*SMOKE, root=tmp_path), tmp_path / "out")
     assert report["fits"] is False and report["measured"] is None and not ran
     assert "exceeds the 0.1 MiB the device has" in report["reason"]  # 2**16 bytes
     assert "the step was not run" in report["reason"]
@@ -116,7 +110,7 @@ def test_a_step_whose_estimate_exceeds_the_memory_is_not_run(tmp_path, monkeypat
 
 
 def test_out_of_memory_in_the_step_is_reported_and_other_errors_are_not_hidden(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, compose_config
 ):
     def oom(*args, **kwargs):
         # torch.OutOfMemoryError from torch 2.1 (the IPU environment's 2.0 has the CUDA one)
@@ -124,7 +118,7 @@ def test_out_of_memory_in_the_step_is_reported_and_other_errors_are_not_hidden(
         raise error("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(CPUPlugin, "compile_only", oom)
-    report = run_or_exit(_compose(tmp_path), tmp_path / "out")
+    report = run_or_exit(compose_config(*SMOKE, root=tmp_path), tmp_path / "out")
     assert report["fits"] is False and report["reason"].startswith("out of memory: CUDA")
 
     def broken(*args, **kwargs):
@@ -132,7 +126,7 @@ def test_out_of_memory_in_the_step_is_reported_and_other_errors_are_not_hidden(
 
     monkeypatch.setattr(CPUPlugin, "compile_only", broken)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        run_or_exit(_compose(tmp_path), tmp_path / "out2")
+        run_or_exit(compose_config(*SMOKE, root=tmp_path), tmp_path / "out2")
 
 
 def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path):

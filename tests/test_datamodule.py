@@ -27,8 +27,8 @@ from omnibert.data.datamodule import (
 )
 from omnibert.data.generated import GeneratedSource
 from omnibert.data.sources import ArrowSource
-from omnibert.prepare.formats.hdf5 import write_hdf5
-from omnibert.prepare.formats.tfrecord import write_tfrecord
+from omnibert.formats.hdf5 import write_hdf5
+from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare
 

@@ -44,17 +44,13 @@ SMOKE = (
 )
 
 
-def _compose(*overrides: str):
-    return compose("pretrain", list(overrides))
-
-
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert state["global_step"] == 6
     return state["state_dict"]
 
 
-def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path):
+def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path, compose_config):
     """One process: micro-batches of 4, accumulated twice (each loss halved, gradients
     summed). Two processes: one micro-batch of 4 each, gradients all-reduced (summed by gloo)
     and divided by 2. Same 8 rows per step (see the sharding test), same seed and init, so
@@ -68,7 +64,7 @@ def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_or_exit(_compose(*SMOKE, f"paths.output_root={one}"), one / "out")
+        run_or_exit(compose_config(*SMOKE, f"paths.output_root={one}"), one / "out")
     finally:
         torch.set_num_threads(threads)
     two = tmp_path / "two"
@@ -94,7 +90,7 @@ def test_two_cpu_processes_train_to_the_weights_of_one(tmp_path):
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
     # the tolerance is far below how much training moved the weights from their init
-    cfg = _compose(*SMOKE)
+    cfg = compose_config(*SMOKE)
     seed_everything(cfg.seed)
     init = BertForPreTraining(BertConfig(**{**cfg.model.config, "vocab_size": 128}))
     moved = max((want[f"model.{k}"] - v).abs().max().item() for k, v in init.state_dict().items())
@@ -162,12 +158,14 @@ def test_slurm_layout_that_differs_is_one_sentence(accelerator, devices, nodes, 
     assert all(name in message for name in names), message
 
 
-def test_the_app_refuses_a_mismatched_slurm_job_before_writing(tmp_path, monkeypatch, capsys):
+def test_the_app_refuses_a_mismatched_slurm_job_before_writing(
+    tmp_path, monkeypatch, capsys, compose_config
+):
     for key, value in {**SLURM, "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}.items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as info:
-        run_or_exit(_compose("experiment=smoke", f"paths.output_root={tmp_path}"), out)
+        run_or_exit(compose_config("experiment=smoke", f"paths.output_root={tmp_path}"), out)
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "SLURM_NTASKS_PER_NODE" in err[0], err

@@ -138,3 +138,15 @@ def test_benchmark_marker_expands_from_the_record_the_script_saved(tmp_path):
     assert "at start" in page  # the machine line
     with pytest.raises(benchmark_pages.MissingRecord, match=r"other\.json is missing"):
         benchmark_pages.expand("<!-- benchmark: other -->\n", tmp_path, "benchmarks/")
+
+
+def test_the_benchmarks_page_renders_from_the_committed_records():
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    page = (docs / "benchmarks.md").read_text()
+    markers = benchmark_pages.MARKER.findall(page)
+    assert markers, "the benchmarks page shows no recorded run"
+    rendered = benchmark_pages.expand(page, docs / "benchmarks", "benchmarks/")
+    for name in markers:
+        record = benchplot.load(docs / "benchmarks" / f"{name}.json")
+        assert record.headline in rendered and record.command in rendered
+        assert (docs / "benchmarks" / str(record.figure)).is_file()

@@ -13,16 +13,17 @@ import h5py
 import numpy as np
 import pytest
 
-from omnibert.prepare.formats.convert import arrow_features, convert_to_arrow, iter_records
-from omnibert.prepare.formats.example_proto import (
+from omnibert.data.conversion import arrow_features, convert_to_arrow
+from omnibert.formats.example_proto import (
     ExampleDecodeError,
     decode_example,
     decode_varints,
     encode_example,
     encode_varints,
 )
-from omnibert.prepare.formats.hdf5 import HDF5FormatError, read_hdf5, write_hdf5
-from omnibert.prepare.formats.tfrecord import (
+from omnibert.formats.hdf5 import HDF5FormatError, read_hdf5, write_hdf5
+from omnibert.formats.records import iter_records
+from omnibert.formats.tfrecord import (
     TFRecordError,
     _table_crc32c,
     crc32c,

@@ -1,9 +1,11 @@
 """The layout's promises: the training process never imports the offline side (numba, the
-prepare pipeline), accelerator plugins depend only on torch, Lightning and the model."""
+prepare pipeline), accelerator plugins depend only on torch, Lightning and the model, and the
+import graph of omnibert's modules has no circle and no arrow pointing up the layers."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -95,14 +97,95 @@ def test_the_compat_shims_import_only_torch_and_lightning():
 
 
 @pytest.mark.parametrize(
-    "package", ["data", "models", "packing", "tokenization", "optim", "accelerators"]
+    "package",
+    ["data", "formats", "models", "packing", "tokenization", "optim", "accelerators", "convert"],
 )
 def test_training_side_packages_never_import_the_offline_side(package):
     for path in sorted((SRC / package).rglob("*.py")):
         offline = sorted(m for m in _imports(path) if m.startswith(("omnibert.prepare", "numba")))
         if package == "packing":  # the packing algorithms compile with numba, imported lazily
             offline = [m for m in offline if m != "numba"]
-        if package == "data" and path.name == "converted.py":
-            # the TFRecord/HDF5 readers and converter run only when a conversion is needed
-            offline = [m for m in offline if not m.startswith("omnibert.prepare.formats")]
         assert offline == [], f"{path.relative_to(SRC)} imports {offline}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _omnibert_imports(module: str, path: Path) -> set[str]:
+    """The omnibert modules ``module`` imports anywhere in its file (top level, inside
+    functions, under ``TYPE_CHECKING``): ``from a.b import c`` names ``a.b.c`` when that is a
+    module, else ``a.b``; relative imports are resolved against the module's package."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            names = [n if n in MODULES else base for n in names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:  # an attribute of a module: that module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """omnibert module -> the omnibert modules it imports."""
+    return {module: _omnibert_imports(module, path) for module, path in MODULES.items()}
+
+
+def _room(module: str) -> str:
+    """The folder (or top-level module) under ``omnibert`` a module lives in."""
+    return module.split(".")[1] if "." in module else module
+
+
+#: room -> rooms it must never import: arrows run down, from the apps to what they wire
+BELOW_RUN = ("data", "convert", "tasks", "formats", "models", "packing", "tokenization",
+             "optim", "accelerators", "callbacks", "finetune", "schema")  # fmt: skip
+FORBIDDEN = {room: ("prepare", "run", "apps") for room in BELOW_RUN} | {"run": ("apps",)}
+
+
+def test_the_import_graph_reads_the_code():
+    """The parser sees what the code imports: a top-level import, a lazy one inside a
+    function, one under TYPE_CHECKING and a ``from package import module``."""
+    graph = import_graph()
+    assert "omnibert.data.schema" in graph["omnibert.data.checks"]  # top level
+    assert "omnibert.tokenization.vocab" in graph["omnibert.data.checks"]  # inside a function
+    assert "omnibert.models.bert" in graph["omnibert.models"]  # under TYPE_CHECKING
+    assert (
+        "omnibert.data.schema" in graph["omnibert.prepare.metadata"]
+    )  # from omnibert.data import schema
+    assert len(graph) > 100 and all(graph[m] <= graph.keys() for m in graph)
+
+
+def test_no_import_circles_among_omnibert_modules():
+    """Not one cycle, of any length (graphlib names one when there is one)."""
+    try:
+        graphlib.TopologicalSorter(import_graph()).prepare()
+    except graphlib.CycleError as err:
+        pytest.fail(f"import circle: {' -> '.join(err.args[1])}")
+
+
+def test_no_import_points_up_the_layers():
+    """Training-time code never imports the offline side or the layers that run it (data,
+    convert, tasks, ... never import prepare/ or run/), and run/ never imports the apps."""
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if _room(target) in FORBIDDEN.get(_room(module), ())
+    )
+    assert upward == [], upward

@@ -272,19 +272,15 @@ def test_row_lengths_reads_offsets_in_row_order(tmp_path: Path) -> None:
     assert row_lengths(table)[0].tolist() == [9, 4, 3]
 
 
-def _compose(overrides: list[str]) -> Any:
-    from omnibert.apps.compose import compose
-
-    return compose("prepare", overrides)
-
-
 def test_app_packs_an_existing_output_dir_without_touching_its_data(
-    data_dir: Path, capsys: pytest.CaptureFixture[str]
+    data_dir: Path, capsys: pytest.CaptureFixture[str], compose_config
 ) -> None:
     from omnibert.apps.prepare import run
 
     before = file_hashes(data_dir)
-    cfg = _compose([f"output_dir={data_dir}", "pack.enabled=true", "progress=false"])
+    cfg = compose_config(
+        f"output_dir={data_dir}", "pack.enabled=true", "progress=false", app="prepare"
+    )
     run(cfg)
     out = capsys.readouterr().out
     info = load(data_dir, f"{cfg.pack.algorithm}-k3").info
@@ -295,22 +291,23 @@ def test_app_packs_an_existing_output_dir_without_touching_its_data(
     assert file_hashes(data_dir, skip="packs") == before
 
 
-def test_app_prepares_and_packs_in_one_run(bert_vocab_file: Path, tmp_path: Path) -> None:
+def test_app_prepares_and_packs_in_one_run(
+    bert_vocab_file: Path, tmp_path: Path, compose_config
+) -> None:
     from omnibert.apps.prepare import run
 
     out = tmp_path / "out"
-    cfg = _compose(
-        [
-            f"input_files=[{REFERENCE / 'tiny_docs.txt'}]",
-            f"vocab_file={bert_vocab_file}",
-            f"output_dir={out}",
-            "max_seq_length=48",
-            "dupe_factor=1",
-            "progress=false",
-            "pack.enabled=true",
-            "pack.algorithm=ffd",
-            "pack.max_sequences_per_pack=2",
-        ]
+    cfg = compose_config(
+        f"input_files=[{REFERENCE / 'tiny_docs.txt'}]",
+        f"vocab_file={bert_vocab_file}",
+        f"output_dir={out}",
+        "max_seq_length=48",
+        "dupe_factor=1",
+        "progress=false",
+        "pack.enabled=true",
+        "pack.algorithm=ffd",
+        "pack.max_sequences_per_pack=2",
+        app="prepare",
     )
     run(cfg)
     index = load(out, "ffd-k2", k=2)

@@ -219,27 +219,22 @@ def test_cli_runs_and_reports_missing_keys(
     )
 
 
-def _compose(overrides: list[str]):
-    from omnibert.apps.compose import compose
-
-    return compose("prepare", overrides)
-
-
-def test_app_trains_a_vocab_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_app_trains_a_vocab_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], compose_config
+) -> None:
     from omnibert.apps.prepare import run
     from omnibert.tokenization.vocab import Vocab
 
     vocab = tmp_path / "vocab.txt"
-    cfg = _compose(
-        [
-            f"input_files=[{REFERENCE / 'wiki_like.txt'},{REFERENCE / 'tiny_docs.txt'}]",
-            f"vocab_file={vocab}",
-            f"output_dir={tmp_path / 'out'}",
-            "train_vocab.enabled=true",
-            "train_vocab.vocab_size=600",
-            "dupe_factor=1",
-            "progress=false",
-        ]
+    cfg = compose_config(
+        f"input_files=[{REFERENCE / 'wiki_like.txt'},{REFERENCE / 'tiny_docs.txt'}]",
+        f"vocab_file={vocab}",
+        f"output_dir={tmp_path / 'out'}",
+        "train_vocab.enabled=true",
+        "train_vocab.vocab_size=600",
+        "dupe_factor=1",
+        "progress=false",
+        app="prepare",
     )
     run(cfg)
     trained = Vocab.from_file(vocab)
@@ -250,22 +245,23 @@ def test_app_trains_a_vocab_when_asked(tmp_path: Path, capsys: pytest.CaptureFix
     assert "prepared" in capsys.readouterr().out
 
 
-def test_app_reads_wikiextractor_output(bert_vocab_file: Path, tmp_path: Path) -> None:
+def test_app_reads_wikiextractor_output(
+    bert_vocab_file: Path, tmp_path: Path, compose_config
+) -> None:
     from omnibert.apps.prepare import run
     from omnibert.prepare.wikipedia import document_sentences, iter_documents
 
     wiki = Path(__file__).parent / "fixtures" / "wiki" / "extracted" / "AA" / "wiki_00"
-    cfg = _compose(
-        [
-            f"input_files=[{wiki}]",
-            "input_format=wikiextractor",
-            f"vocab_file={bert_vocab_file}",
-            f"output_dir={tmp_path / 'wiki'}",
-            "max_seq_length=64",
-            "max_predictions_per_seq=10",
-            "dupe_factor=2",
-            "progress=false",
-        ]
+    cfg = compose_config(
+        f"input_files=[{wiki}]",
+        "input_format=wikiextractor",
+        f"vocab_file={bert_vocab_file}",
+        f"output_dir={tmp_path / 'wiki'}",
+        "max_seq_length=64",
+        "max_predictions_per_seq=10",
+        "dupe_factor=2",
+        "progress=false",
+        app="prepare",
     )
     run(cfg)
     # the same instances as the text route on the documents' sentences
@@ -325,7 +321,11 @@ def test_only_empty_files_are_refused(bert_vocab_file: Path, tmp_path: Path) -> 
 
 
 def test_shortfalls_are_said_and_recorded(
-    inputs: list[Path], bert_vocab_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    inputs: list[Path],
+    bert_vocab_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    compose_config,
 ) -> None:
     from omnibert.apps.prepare import run
     from omnibert.tokenization.vocab import Vocab
@@ -356,7 +356,15 @@ def test_shortfalls_are_said_and_recorded(
     vocab = tmp_path / "vocab.txt"
     overrides = [f"input_files=[{REFERENCE / 'tiny_docs.txt'}]", f"vocab_file={vocab}"]
     overrides += [f"output_dir={tmp_path / 'data'}", "train_vocab.enabled=true"]
-    run(_compose([*overrides, "train_vocab.vocab_size=5000", "dupe_factor=1", "progress=false"]))
+    run(
+        compose_config(
+            *overrides,
+            "train_vocab.vocab_size=5000",
+            "dupe_factor=1",
+            "progress=false",
+            app="prepare",
+        )
+    )
     size = Vocab.from_file(vocab).size
     assert size < 5000
     printed = capsys.readouterr().out

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity
 
-from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.run.plan import TrainConfigError
 from omnibert.run.profiling import (
@@ -25,25 +24,18 @@ from omnibert.run.profiling import (
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"
 
 
-def _compose(root: Path, *overrides: str):
-    return compose(
-        "pretrain",
-        [
-            *("experiment=smoke", "data.num_workers=0", f"paths.output_root={root}"),
-            *overrides,
-        ],
-    )
+SMOKE = ("experiment=smoke", "data.num_workers=0")
 
 
-def test_profile_writes_a_chrome_trace_of_the_scheduled_steps(tmp_path, capsys):
+def test_profile_writes_a_chrome_trace_of_the_scheduled_steps(tmp_path, capsys, compose_config):
     out = tmp_path / "out"
     # 3 optimiser steps of 2 micro-batches: training steps 0-5; record 2 and 3. Validation
     # after every step used to restart Lightning's profiler schedule, so the operator table
     # held a later, partial cycle (and only the 20 slowest rows, which depended on load).
     summary = run_or_exit(
-        _compose(
-            tmp_path, "profile={wait:1,warmup:1,active:2}", "phase.max_steps=3",
-            "val_every_n_steps=1",
+        compose_config(
+            *SMOKE, "profile={wait:1,warmup:1,active:2}", "phase.max_steps=3",
+            "val_every_n_steps=1", root=tmp_path,
         ),
         out,
     )  # fmt: skip
@@ -67,9 +59,9 @@ def test_profile_writes_a_chrome_trace_of_the_scheduled_steps(tmp_path, capsys):
     assert "ProfilerStep*" in table and "aten::addmm" in table and "aten::_foreach" in table
 
 
-def test_profile_off_writes_no_trace(tmp_path):
+def test_profile_off_writes_no_trace(tmp_path, compose_config):
     out = tmp_path / "out"
-    run_or_exit(_compose(tmp_path, "phase.max_steps=1"), out)
+    run_or_exit(compose_config(*SMOKE, "phase.max_steps=1", root=tmp_path), out)
     assert not (out / "profile").exists()
 
 
@@ -105,9 +97,9 @@ def test_profile_settings_true_and_mapping():
         (("profile={active:0}",), "profile.active"),
     ],
 )
-def test_profile_conflicts_stop_before_compute(tmp_path, capsys, overrides, words):
+def test_profile_conflicts_stop_before_compute(tmp_path, capsys, overrides, words, compose_config):
     with pytest.raises(SystemExit) as info:
-        run_or_exit(_compose(tmp_path, *overrides), tmp_path / "out")
+        run_or_exit(compose_config(*SMOKE, *overrides, root=tmp_path), tmp_path / "out")
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err

@@ -35,8 +35,8 @@ from omnibert.convert.tf1_bundle import (
     read_tf1_checkpoint,
 )
 from omnibert.errors import UserError
+from omnibert.formats.example_proto import read_varint
 from omnibert.models import BertForPreTraining
-from omnibert.prepare.formats.example_proto import read_varint
 from omnibert.run.training import build_task, prepare
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1"

@@ -6,19 +6,17 @@ compute; the derived batch arithmetic and its refusals."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import datasets
 import pytest
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 from test_experiments import SMALL
 
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
 from omnibert.errors import UserError
-from omnibert.prepare.formats.hdf5 import write_hdf5
-from omnibert.prepare.formats.tfrecord import write_tfrecord
+from omnibert.formats.hdf5 import write_hdf5
+from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
 from omnibert.run.checks import (
@@ -67,12 +65,6 @@ TINY = (
 )
 GENERATED = ("data=generated", "data.vocab_size=128", "data.num_train_samples=64",
              "data.num_eval_samples=8", "data.num_workers=0")  # fmt: skip
-
-
-def _c(*overrides: str) -> dict[str, Any]:
-    c = OmegaConf.to_container(compose("pretrain", overrides), resolve=True)
-    assert isinstance(c, dict)
-    return c
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +190,10 @@ def test_every_option_composes_and_runs_a_step(files, tmp_path, capsys, monkeypa
     assert (tmp_path / "out" / "summary.json").is_file()
 
 
-def test_defaults_are_the_lamb_phase1_recipe(tmp_path):
-    c = _c(f"paths.output_root={tmp_path}", "data.train_path=x", "data.eval_path=null")
+def test_defaults_are_the_lamb_phase1_recipe(tmp_path, compose_config):
+    c = compose_config.resolved(
+        f"paths.output_root={tmp_path}", "data.train_path=x", "data.eval_path=null"
+    )
     assert c["optimizer"]["_target_"] == "omnibert.optim.Lamb"
     assert c["optimizer"]["lr"] == 6.0e-3
     assert c["schedule"]["_target_"] == "omnibert.optim.schedules.PolyWarmupLR"
@@ -216,15 +210,15 @@ def test_defaults_are_the_lamb_phase1_recipe(tmp_path):
     assert c["ckpt_path"] is None and c["micro_batch_size"] is None
 
 
-def test_phase2_is_the_seq512_recipe_from_phase1(tmp_path):
+def test_phase2_is_the_seq512_recipe_from_phase1(tmp_path, compose_config):
     base = (f"paths.output_root={tmp_path}", "data.train_path=x", "data.eval_path=null")
-    c = _c(*base, "phase=phase2")
+    c = compose_config.resolved(*base, "phase=phase2")
     phase = c["phase"]
     assert (phase["max_seq_length"], phase["max_predictions_per_seq"]) == (512, 76)
     assert (phase["global_batch_size"], phase["max_steps"]) == (32768, 1563)
     assert c["optimizer"]["lr"] == 4.0e-3
     assert c["trainer"]["max_steps"] == 1563 and c["schedule"]["warmup_proportion"] == 0.128
-    phase1 = _c(*base)
+    phase1 = compose_config.resolved(*base)
     # phase 2 starts from phase 1's last checkpoint, and writes its own run directory
     assert phase["init_from"] == f"{phase1['paths']['checkpoint_dir']}/last.ckpt"
     assert c["paths"]["run_dir"] != phase1["paths"]["run_dir"]
@@ -289,15 +283,15 @@ def test_range_errors_stop_before_compute_naming_the_key(tmp_path, capsys, overr
     assert not (tmp_path / "out").exists()
 
 
-def test_experiments_are_small(tmp_path):
+def test_experiments_are_small(tmp_path, compose_config):
     smoke = prepare(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
     assert smoke.plan.batch.accumulate_grad_batches == 2
     assert smoke.c["data"]["source"]["_target_"].endswith("GeneratedSource")
-    demo = _c(f"paths.output_root={tmp_path}", "experiment=demo")
+    demo = compose_config.resolved(f"paths.output_root={tmp_path}", "experiment=demo")
     assert demo["data"]["train_path"] == "outputs/demo/train"
     assert demo["model"]["config"]["num_hidden_layers"] <= 4
     assert demo["phase"]["max_steps"] * demo["phase"]["global_batch_size"] <= 50_000
-    quick = _c(f"paths.output_root={tmp_path}", "experiment=quickstart", "data.train_path=d",
+    quick = compose_config.resolved(f"paths.output_root={tmp_path}", "experiment=quickstart", "data.train_path=d",
                "data.eval_path=e")  # fmt: skip
     assert quick["model"]["config"]["num_hidden_layers"] <= 4
     assert quick["phase"]["global_batch_size"] <= 64
@@ -363,8 +357,10 @@ def test_clipping_is_decided_once():
         describe_clipping(None, lamb, 1.0)
 
 
-def test_lamb_mlperf_turns_on_micro_batch_clipping(tmp_path):
-    c = _c(f"paths.output_root={tmp_path}", "experiment=smoke", "optimizer=lamb_mlperf")
+def test_lamb_mlperf_turns_on_micro_batch_clipping(tmp_path, compose_config):
+    c = compose_config.resolved(
+        f"paths.output_root={tmp_path}", "experiment=smoke", "optimizer=lamb_mlperf"
+    )
     assert resolve_clipping(c["clip_grad_per_micro_batch"], c["optimizer"]) == 1.0
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.compat import lightning_resumes_after_batch_end
 from omnibert.data.loaders import stateful_dataloader_class
@@ -72,26 +71,27 @@ def _state(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _in_process(root: Path, *overrides: str) -> dict:
+def _in_process(compose_config, root: Path, *overrides: str) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         # one intra-op thread whatever data.num_workers (the automatic choice subtracts the
         # loader workers, and another thread count sums in another order: not bitwise)
         overrides = ("accelerator.threads=1", *overrides)
-        return run_or_exit(_compose(root, *SMOKE[1:], *overrides), root / "out")
+        return run_or_exit(compose_config(*SMOKE, *overrides, root=root), root / "out")
     finally:
         torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> dict:
+def straight(tmp_path_factory, compose_config) -> dict:
     """Uninterrupted runs (in this process), without and with a loader worker process,
     keeping every step's checkpoint."""
     runs = {}
     for workers in (0, 1):
         root = tmp_path_factory.mktemp(f"straight{workers}")
         summary = _in_process(
+            compose_config,
             root,
             "run_name=straight",
             f"data.num_workers={workers}",
@@ -151,39 +151,43 @@ def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path, straight, torchdata
     assert summaries[0]["last_checkpoint"] == str((ckpts / "last.ckpt").resolve())
 
 
-def _resume_from_step(tmp_path: Path, straight: dict, workers: int, step: int) -> None:
+def _resume_from_step(
+    compose_config, tmp_path: Path, straight: dict, workers: int, step: int
+) -> None:
     ckpt = straight[workers]["ckpts"] / f"step-{step:08d}.ckpt"
-    _in_process(tmp_path, "run_name=resumed", f"data.num_workers={workers}", f"ckpt_path={ckpt}")
+    _in_process(
+        compose_config,
+        tmp_path,
+        "run_name=resumed",
+        f"data.num_workers={workers}",
+        f"ckpt_path={ckpt}",
+    )
     got = _state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     _assert_same_training_state(straight[workers]["last"], got)
 
 
-def test_resuming_at_the_end_of_a_pass_is_bitwise(tmp_path, straight):
+def test_resuming_at_the_end_of_a_pass_is_bitwise(tmp_path, straight, compose_config):
     # step 3 ends the first pass (28 rows: 3 global batches, one micro-batch left out)
-    _resume_from_step(tmp_path, straight, workers=0, step=3)
+    _resume_from_step(compose_config, tmp_path, straight, workers=0, step=3)
 
 
-def test_resuming_at_the_end_of_a_pass_with_a_loader_worker_is_bitwise(tmp_path, straight):
-    _resume_from_step(tmp_path, straight, workers=1, step=3)
+def test_resuming_at_the_end_of_a_pass_with_a_loader_worker_is_bitwise(
+    tmp_path, straight, compose_config
+):
+    _resume_from_step(compose_config, tmp_path, straight, workers=1, step=3)
 
 
 # ------------------------------------------------------------------------------ bad input
 
 
-def _compose(root: Path, *overrides: str):
+def _refused(compose_config, root: Path, capsys, *overrides: str) -> str:
+    """Run the app in-process (the smoke experiment unless ``overrides`` choose the data); it
+    must exit 2 with one line and write nothing."""
     if not any(o.startswith("data=") for o in overrides):
         overrides = ("experiment=smoke", *overrides)
-    return compose(
-        "pretrain",
-        [f"paths.output_root={root}", *overrides],
-    )
-
-
-def _refused(root: Path, capsys, *overrides: str) -> str:
-    """Run the app in-process; it must exit 2 with one line and write nothing."""
     out = root / "run-output"
     with pytest.raises(SystemExit) as info:
-        run_or_exit(_compose(root, *overrides), out)
+        run_or_exit(compose_config(*overrides, root=root), out)
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("omnibert-train: error: "), err
@@ -217,8 +221,8 @@ def _arrow(path: Path) -> list[str]:
     ]
 
 
-def test_missing_shards_are_refused(tmp_path, capsys):
-    message = _refused(tmp_path, capsys, *_arrow(tmp_path / "no-such-dir"))
+def test_missing_shards_are_refused(tmp_path, capsys, compose_config):
+    message = _refused(compose_config, tmp_path, capsys, *_arrow(tmp_path / "no-such-dir"))
     assert "data.train_path" in message and "no-such-dir" in message
 
 
@@ -230,24 +234,43 @@ def test_missing_shards_are_refused(tmp_path, capsys):
     ],
 )
 def test_settings_that_disagree_with_the_data_are_refused(
-    tmp_path, capsys, tiny_shards, override, key
+    tmp_path, capsys, tiny_shards, override, key, compose_config
 ):
     good = ["phase.max_seq_length=64", "phase.max_predictions_per_seq=10"]
     overrides = [*_arrow(tiny_shards), *good, override]
-    message = _refused(tmp_path, capsys, *overrides)
+    message = _refused(compose_config, tmp_path, capsys, *overrides)
     assert key in message
 
 
-def test_impossible_batch_arithmetic_is_refused(tmp_path, capsys):
-    message = _refused(tmp_path, capsys, "phase.global_batch_size=10", "micro_batch_size=4")
+def test_impossible_batch_arithmetic_is_refused(tmp_path, capsys, compose_config):
+    message = _refused(
+        compose_config,
+        tmp_path,
+        capsys,
+        "phase.global_batch_size=10",
+        "micro_batch_size=4",
+    )
     assert "phase.global_batch_size=10" in message and "micro_batch_size=4" in message
 
 
-def test_initial_weights_of_another_architecture_are_refused(tmp_path, capsys, straight):
+def test_initial_weights_of_another_architecture_are_refused(
+    tmp_path, capsys, straight, compose_config
+):
     phase1 = straight[0]["ckpts"] / "last.ckpt"
-    message = _refused(tmp_path, capsys, f"phase.init_from={phase1}", "model.config.hidden_size=64")
+    message = _refused(
+        compose_config,
+        tmp_path,
+        capsys,
+        f"phase.init_from={phase1}",
+        "model.config.hidden_size=64",
+    )
     assert "hidden_size=32 (this model: 64)" in message
-    message = _refused(tmp_path, capsys, f"phase.init_from={tmp_path / 'phase1.ckpt'}")
+    message = _refused(
+        compose_config,
+        tmp_path,
+        capsys,
+        f"phase.init_from={tmp_path / 'phase1.ckpt'}",
+    )
     assert "does not exist" in message
 
 
@@ -262,13 +285,15 @@ def test_resume_without_a_checkpoint_is_refused_by_the_cli(tmp_path):
     assert not list(tmp_path.glob("smoke/hydra/*/plan.json"))
 
 
-def test_a_fresh_run_does_not_overwrite_an_earlier_runs_checkpoints(tmp_path, capsys):
+def test_a_fresh_run_does_not_overwrite_an_earlier_runs_checkpoints(
+    tmp_path, capsys, compose_config
+):
     ckpts = tmp_path / "smoke" / "checkpoints"
     ckpts.mkdir(parents=True)
     (ckpts / "last.ckpt").write_bytes(b"earlier run")
     out = tmp_path / "run-output"
     with pytest.raises(SystemExit):
-        run_or_exit(_compose(tmp_path), out)
+        run_or_exit(compose_config("experiment=smoke", root=tmp_path), out)
     assert "ckpt_path=last" in capsys.readouterr().err
     assert (ckpts / "last.ckpt").read_bytes() == b"earlier run"
     assert not out.exists()
@@ -312,10 +337,12 @@ def test_temporaries_of_killed_writers_are_removed_and_checkpoints_kept(tmp_path
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_resuming_with_another_micro_batch_is_refused_before_training(tmp_path, workers):
+def test_resuming_with_another_micro_batch_is_refused_before_training(
+    tmp_path, workers, compose_config
+):
     """The sampler's own sentence, exit 2, not Lightning's teardown error (issue 16, point 5);
     with a loader worker the position is in torchdata's worker snapshot format."""
-    _in_process(tmp_path, "phase.max_steps=2", f"data.num_workers={workers}")
+    _in_process(compose_config, tmp_path, "phase.max_steps=2", f"data.num_workers={workers}")
     ckpts = tmp_path / "smoke" / "checkpoints"
     before = {p.name: p.stat().st_mtime_ns for p in ckpts.iterdir()}
     result = _train(tmp_path, "ckpt_path=last", "micro_batch_size=2", f"data.num_workers={workers}")

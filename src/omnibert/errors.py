@@ -4,7 +4,10 @@ Every check that runs before compute (bad config keys, missing or corrupt files,
 sequence length that does not match the data, impossible batch arithmetic, a missing vendor
 SDK) raises a :class:`UserError` subclass whose message is one sentence naming the key or
 file and the fix. The apps catch :class:`UserError` alone (:func:`exit_on`): it becomes one
-line on stderr and exit code 2; anything else is a bug and keeps its traceback.
+line on stderr and exit code 2; anything else is a bug and keeps its traceback. The same
+block handles SIGTERM and SIGINT (:mod:`omnibert.stopping`): a stopped run prints one line,
+``<app>: stopped by SIGTERM at step 137; resume with ckpt_path=last``, and exits with 128 +
+the signal number.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from omnibert.stopping import Stopped, handle_stop_signals
 
 
 class UserError(ValueError):
@@ -44,9 +49,14 @@ def _unwrap_worker_message(cls: type, message: object) -> object:
 @contextmanager
 def exit_on(app: str) -> Iterator[None]:
     """Turn a :class:`UserError` raised inside the block into ``<app>: error: <message>`` on
-    stderr and exit code 2."""
-    try:
-        yield
-    except UserError as err:
-        print(f"{app}: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    stderr and exit code 2, and a stop by SIGTERM or SIGINT (handled inside the block) into
+    ``<app>: stopped by ...`` and exit code 128 + the signal number."""
+    with handle_stop_signals(app):
+        try:
+            yield
+        except UserError as err:
+            print(f"{app}: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        except Stopped as stop:
+            print(f"{app}: {stop.message}", file=sys.stderr, flush=True)
+            sys.exit(stop.exit_code)

@@ -3,6 +3,7 @@ naming its key instead of a traceback after minutes of work."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from omnibert.errors import UserError
 
@@ -19,6 +21,7 @@ __all__ = [
     "check_writable_file",
     "hydra_output_discarded_when_refused",
     "note_hydra_dir",
+    "write_json_atomic",
 ]
 
 
@@ -133,3 +136,15 @@ def _discard_hydra_output() -> None:
     while stop in parent.parents and parent.is_dir() and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """``payload`` as indented JSON at ``path``, written to a temporary file, synced and
+    renamed: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

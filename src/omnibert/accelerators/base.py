@@ -248,7 +248,7 @@ class AcceleratorPlugin:
         """Versions, devices found and SDKs present (``omnibert.accelerators.environment``)."""
         from omnibert.accelerators.environment import environment_report
 
-        return environment_report(self)
+        return environment_report(self.describe(), self.devices_found())
 
     def devices_found(self) -> dict[str, Any]:
         """What this backend sees here: ``{"kind", "count", "names"}``."""

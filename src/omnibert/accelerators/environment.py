@@ -11,11 +11,9 @@ import importlib.util
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from omnibert.accelerators.base import AcceleratorPlugin
+from typing import Any
 
 #: import name -> distributions that may provide it (first installed one gives the version)
 SDKS: dict[str, tuple[str, ...]] = {
@@ -70,11 +68,14 @@ def host_report() -> dict[str, Any]:
     }
 
 
-def environment_report(plugin: AcceleratorPlugin) -> dict[str, Any]:
-    """Everything about where this run runs, for ``plugin`` (its ``devices_found`` included)."""
+def environment_report(
+    accelerator: Mapping[str, Any], devices_found: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Everything about where this run runs: the plugin's settings (its ``describe()``) and
+    the devices it found (its ``devices_found()``), library versions, SDKs and the host."""
     return {
-        "accelerator": plugin.describe(),
-        "devices_found": plugin.devices_found(),
+        "accelerator": dict(accelerator),
+        "devices_found": dict(devices_found),
         "versions": {name: _version(name) for name in VERSIONS},
         "sdks": sdk_report(),
         "host": host_report(),

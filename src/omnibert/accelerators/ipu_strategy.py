@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from lightning.pytorch.accelerators import Accelerator
@@ -35,10 +35,26 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from omnibert.accelerators.ipu import IPUPlugin
 
 # PoptorchStep's input and output order (poptorch wants tuples of tensors, not dicts)
 from omnibert.models.bert import BATCH_KEYS, OUTPUT_KEYS
+
+
+class PoptorchPrograms(Protocol):
+    """What :class:`IPUStrategy` needs from its plugin (``omnibert.accelerators.ipu.IPUPlugin``):
+    the poptorch programs and how many host micro-batches one Lightning step combines."""
+
+    devices: int
+    device_iterations: int
+
+    @property
+    def host_batches_per_step(self) -> int: ...
+
+    def pipeline(self, model: nn.Module) -> None: ...
+
+    def training_model(self, step: nn.Module, optimizer: torch.optim.Optimizer) -> Any: ...
+
+    def inference_model(self, step: nn.Module) -> Any: ...
 
 
 class PoptorchStep(nn.Module):
@@ -170,7 +186,7 @@ class IPUStrategy(SingleDeviceStrategy):
 
     strategy_name = "omnibert_ipu"
 
-    def __init__(self, plugin: IPUPlugin) -> None:
+    def __init__(self, plugin: PoptorchPrograms) -> None:
         # the accelerator and IPUPrecision come through the Trainer's arguments
         super().__init__(device=torch.device("cpu"))
         self.plugin = plugin

@@ -1,5 +1,5 @@
 """Structured configs of the roots of ``prepare.yaml``, ``eval.yaml``, ``export.yaml``,
-``predict.yaml`` and ``finetune.yaml`` (``pretrain.yaml``'s is in :mod:`omnibert.apps.schema`):
+``predict.yaml`` and ``finetune.yaml`` (``pretrain.yaml``'s is in :mod:`omnibert.schema`):
 OmegaConf checks each key's type when the config is composed (``max_seq_length=abc`` is refused
 naming the key), and each ``check_*`` function the ranges, before any work.
 

@@ -18,6 +18,30 @@ CONFIG_MODULE = "omnibert.conf"
 #: ``config_path`` of every ``@hydra.main`` in :mod:`omnibert.apps`
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 
+_REGISTERED = False
+
+
+def register() -> None:
+    """Put the structured configs (:mod:`omnibert.schema`) in Hydra's ConfigStore and the
+    config resolvers (:mod:`omnibert.run.sweeps`) in OmegaConf (idempotent); every app calls
+    it before composing."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    from omnibert.apps.app_schemas import SCHEMAS
+    from omnibert.run.sweeps import register_resolvers
+    from omnibert.schema import PackNode, PretrainConfig
+
+    register_resolvers()
+    store = ConfigStore.instance()
+    for name, node in SCHEMAS.items():
+        store.store(name=name, node=node)
+    store.store(name="pretrain_schema", node=PretrainConfig)
+    store.store(group="schema", name="pack", node=PackNode)
+    _REGISTERED = True
+
 
 def compose(
     config_name: str, overrides: Sequence[str] = (), return_hydra_config: bool = False
@@ -27,8 +51,6 @@ def compose(
     ``return_hydra_config`` the ``hydra`` node (launcher, sweep dir) is kept."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
-
-    from omnibert.apps.schema import register
 
     register()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):

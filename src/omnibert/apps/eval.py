@@ -12,9 +12,8 @@ import hydra
 from omegaconf import DictConfig
 
 from omnibert.apps.app_schemas import check_eval
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 

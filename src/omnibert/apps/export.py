@@ -14,9 +14,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint

@@ -18,9 +18,8 @@ import hydra
 from omegaconf import DictConfig
 
 from omnibert.apps.app_schemas import check_finetune
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 from omnibert.paths import hydra_output_discarded_when_refused
 

@@ -16,9 +16,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused

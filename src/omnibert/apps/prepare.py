@@ -16,9 +16,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.app_schemas import check_prepare
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.apps.schema import register
 from omnibert.data.pack_index import PackIndex, PackIndexError
 from omnibert.errors import exit_on
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused

@@ -16,11 +16,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from omnibert.apps.compose import CONFIG_PATH
+from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import check_paths, preflight
-from omnibert.apps.schema import register, validate
 from omnibert.errors import exit_on
 from omnibert.paths import hydra_output_discarded_when_refused
+from omnibert.schema import validate
 from omnibert.threads import set_wait_policy_env
 
 register()
@@ -32,10 +32,18 @@ OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir", "paths.log_dir")
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """Train as configured (one phase, or each of ``phases`` in turn: see
     :mod:`omnibert.run.phases`); returns the summary (also written to ``output_dir``)."""
+    from omnibert import stopping
+
+    stopping.set_context(" before training started")
     if cfg.get("phases"):
         from omnibert.run.phases import run_phases
 
-        summary = run_phases(cfg, output_dir, run_phase)
+        try:
+            summary = run_phases(cfg, output_dir, run_phase)
+        except stopping.Stopped as stop:  # each phase resumes by itself when run again
+            if stop.hint:
+                stop.hint = "resume with the same command"
+            raise
         if output_dir is not None:
             output_dir.mkdir(parents=True, exist_ok=True)
             _write_json(output_dir / "summary.json", summary)
@@ -45,10 +53,16 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
 
 def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """One training run (one phase)."""
+    from omnibert import stopping
     from omnibert.accelerators.environment import format_report
     from omnibert.run.training import build, build_loggers, finish_loggers, fit, prepare
 
     prepared = prepare(cfg)
+    stopping.set_context(
+        " before training resumed; resume with ckpt_path=last"
+        if prepared.plan.ckpt_path
+        else " before training started; nothing to resume"
+    )
     print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
     print(f"omnibert-train: {prepared.c['run_name']}\n{prepared.plan.table()}", flush=True)
     if output_dir is not None:

@@ -24,9 +24,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from omnibert.run.checks import RESUME_FILE
+__all__ = ["RESUME_FILE", "CheckpointOnSignal", "submitit_signal"]
 
-__all__ = ["CheckpointOnSignal", "submitit_signal"]
+#: written next to last.ckpt by a run stopped at its time limit; the requeued run resumes
+#: from that checkpoint (omnibert.run.checks.resolve_ckpt_path)
+RESUME_FILE = "resume.json"
 
 
 def submitit_signal() -> int | None:

@@ -37,9 +37,10 @@ class LoadedModel:
     fresh_heads: tuple[str, ...] = ()
 
 
-def checkpoint_kind(path: str | Path) -> str:
+def checkpoint_kind(path: str | Path, key: str = "ckpt") -> str:
     """``omnibert`` (a file), ``huggingface`` (a directory with config.json) or ``tf1`` (a
-    prefix whose ``.index`` exists); one sentence when it is none of them."""
+    prefix whose ``.index`` exists); one sentence naming ``key`` (the setting the user
+    typed) when it is none of them."""
     path = Path(path)
     if path.is_file() and path.suffix != ".index":
         return "omnibert"
@@ -54,17 +55,21 @@ def checkpoint_kind(path: str | Path) -> str:
         )
         hint = f" (it holds {', '.join(found[:3])})" if found else ""
         raise ConversionError(
-            f"ckpt={path} is a directory without config.json{hint}; pass a .ckpt file, a "
+            f"{key}={path} is a directory without config.json{hint}; pass a .ckpt file, a "
             "Hugging Face directory or a TF1 checkpoint prefix such as <dir>/model.ckpt-28252."
         )
     raise ConversionError(
-        f"ckpt={path} does not exist; pass an omnibert .ckpt, a Hugging Face directory or a "
+        f"{key}={path} does not exist; pass an omnibert .ckpt, a Hugging Face directory or a "
         "TF1 checkpoint prefix (<prefix>.index must exist)."
     )
 
 
 def load_pretrained(
-    path: str | Path, bert_config: str | Path | None = None, *, require_heads: bool = True
+    path: str | Path,
+    bert_config: str | Path | None = None,
+    *,
+    require_heads: bool = True,
+    key: str = "ckpt",
 ) -> LoadedModel:
     """The pretraining model (encoder and MLM/NSP heads) stored at ``path``.
 
@@ -72,11 +77,12 @@ def load_pretrained(
     the one next to it). A checkpoint without the pretraining heads (a bare ``BertModel``) is
     refused: its masked-LM and next-sentence outputs would be random; fine-tuning, which
     reads only the encoder, passes ``require_heads=False`` and gets the missing heads listed
-    in ``fresh_heads``.
+    in ``fresh_heads``. ``key`` is the setting that named ``path`` (``ckpt``,
+    ``model.init_from``): messages name it.
     """
-    kind = checkpoint_kind(path)
+    kind = checkpoint_kind(path, key)
     if kind == "omnibert":
-        model, hparams = model_from_pretraining_checkpoint(path)
+        model, hparams = model_from_pretraining_checkpoint(path, key)
         return LoadedModel(
             model, model.config, kind, f"omnibert checkpoint {path}", hparams.get("vocab_file")
         )
@@ -86,7 +92,7 @@ def load_pretrained(
         report = init_from_hf(model, path)
         if report.fresh_heads and require_heads:
             raise ConversionError(
-                f"ckpt={path} has no {', '.join(report.fresh_heads)} weights (a bare BertModel), "
+                f"{key}={path} has no {', '.join(report.fresh_heads)} weights (a bare BertModel), "
                 "so its masked-LM and next-sentence outputs would be random; pass a "
                 "BertForPreTraining checkpoint."
             )

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
 
@@ -90,7 +91,7 @@ def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
             if file.suffix == ".safetensors":
                 tensors.update(load_file(str(file)))
             else:
-                tensors.update(torch.load(file, map_location="cpu", weights_only=True))
+                tensors.update(load_checkpoint(file))
         except Exception as err:
             raise ConversionError(
                 f"{file} could not be read ({type(err).__name__}: {err}); re-download the "
@@ -284,12 +285,14 @@ def _umask() -> int:
 
 
 def load_pretraining_checkpoint(
-    ckpt_path: str | Path,
+    ckpt_path: str | Path, key: str = "ckpt"
 ) -> tuple[BertConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """``(config, model state dict, hyper-parameters)`` of a pretraining Lightning checkpoint.
 
     The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
-    and ``state_dict`` keys ``'model.' + <parameter name>``.
+    and ``state_dict`` keys ``'model.' + <parameter name>``. ``key`` is the setting that named
+    it (``ckpt``, ``model.init_from``), for the messages: a file torch cannot load is called
+    damaged, with the intact checkpoint beside it (:mod:`omnibert.ckpt_files`).
     """
     path = Path(ckpt_path)
     if path.is_dir():
@@ -297,12 +300,11 @@ def load_pretraining_checkpoint(
     if not path.is_file():
         raise ConversionError(f"checkpoint {path} does not exist; pass ckpt= with a .ckpt file.")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(path)
     except Exception as err:
-        raise ConversionError(
-            f"checkpoint {path} could not be read ({type(err).__name__}); pass a checkpoint "
-            "written by omnibert-train."
-        ) from err
+        from omnibert.ckpt_files import unreadable_checkpoint
+
+        raise ConversionError(unreadable_checkpoint(key, path, err)) from err
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
     if not isinstance(hparams, Mapping) or "model_config" not in hparams:
         raise ConversionError(
@@ -339,10 +341,11 @@ def load_pretraining_checkpoint(
 
 
 def model_from_pretraining_checkpoint(
-    ckpt_path: str | Path,
+    ckpt_path: str | Path, key: str = "ckpt"
 ) -> tuple[BertForPreTraining, dict[str, Any]]:
-    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters."""
-    config, state, hparams = load_pretraining_checkpoint(ckpt_path)
+    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters
+    (``key``: the setting that named it, for messages)."""
+    config, state, hparams = load_pretraining_checkpoint(ckpt_path, key)
     model = BertForPreTraining(config)
     model.load_state_dict(state, strict=False)
     return model, hparams

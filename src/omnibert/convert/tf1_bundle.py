@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from omnibert.convert.hf import ConversionError
-from omnibert.prepare.formats.example_proto import (
+from omnibert.formats.example_proto import (
     ExampleDecodeError,
     message_fields,
     read_varint,

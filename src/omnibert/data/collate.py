@@ -147,7 +147,12 @@ class PretrainingCollator:
     batch, default ``max_predictions_per_seq``) size packed rows. ``batch_size``
     (evaluation) pads a short batch up to that size with all-zero rows whose
     ``masked_lm_weights`` and ``nsp_weights`` are 0, so metrics over a whole eval set stay
-    exact while every batch keeps the same shape. Plain data only, hence picklable.
+    exact while every batch keeps the same shape. ``vocab_size`` (the data's vocab) bounds
+    the token ids: with it, every batch's token, segment and masked-token ids, masked
+    positions and next-sentence labels are range-checked before any model sees them (one
+    vectorised comparison per array, in the loader worker: no device sync), and a row out of
+    range raises :class:`CollateError` naming its shard file, its row there and the repair
+    command. Plain data only, hence picklable.
     """
 
     def __init__(
@@ -158,6 +163,8 @@ class PretrainingCollator:
         *,
         max_sequences_per_pack: int = 1,
         max_predictions_per_pack: int | None = None,
+        vocab_size: int | None = None,
+        type_vocab_size: int = 2,
     ) -> None:
         if max_seq_length < 1 or max_predictions_per_seq < 1:
             raise ValueError(
@@ -178,6 +185,8 @@ class PretrainingCollator:
         self.batch_size = batch_size
         self.max_sequences_per_pack = max_sequences_per_pack
         self.max_predictions_per_pack = per_pack
+        self.vocab_size = vocab_size
+        self.type_vocab_size = type_vocab_size
 
     def __repr__(self) -> str:
         return (
@@ -185,7 +194,8 @@ class PretrainingCollator:
             f"max_predictions_per_seq={self.max_predictions_per_seq}, "
             f"batch_size={self.batch_size}, "
             f"max_sequences_per_pack={self.max_sequences_per_pack}, "
-            f"max_predictions_per_pack={self.max_predictions_per_pack})"
+            f"max_predictions_per_pack={self.max_predictions_per_pack}, "
+            f"vocab_size={self.vocab_size})"
         )
 
     def __call__(self, rows: RowBlock | Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
@@ -346,3 +356,15 @@ class PretrainingCollator:
             raise CollateError(
                 f"{name(i)} has next_sentence_label={int(labels[i])}, not 0 or 1; " + corrupt
             )
+        bounds = [("segment_ids", self.type_vocab_size)]
+        if self.vocab_size is not None:
+            bounds += [("input_ids", self.vocab_size), ("masked_lm_ids", self.vocab_size)]
+        for key, limit in bounds:
+            values, lengths = ragged[key]
+            if values.size and (values.min() < 0 or values.max() >= limit):  # the common case
+                j = int(np.flatnonzero((values < 0) | (values >= limit))[0])
+                i = int(np.searchsorted(np.cumsum(lengths), j, side="right"))
+                raise CollateError(
+                    f"{name(i)} has {key} value {int(values[j])}, outside 0..{limit - 1}; "
+                    + corrupt
+                )

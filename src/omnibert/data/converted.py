@@ -1,7 +1,7 @@
 """MLPerf/Google TFRecords and NVIDIA HDF5 shards as a row source, through an Arrow cache.
 
 ``data=tfrecord`` / ``data=hdf5`` read the same records as ``omnibert-prepare`` output: their
-files are converted once (:mod:`omnibert.prepare.formats.convert`, imported only when a
+files are converted once (:mod:`omnibert.data.conversion`, imported only when a
 conversion runs) into an Arrow cache under ``cache_dir``, one directory per set of inputs,
 keyed by the files' paths, sizes and mtimes and the row spec. A conversion is built under a
 temporary name and renamed, and one process per cache entry converts while the others wait
@@ -31,7 +31,7 @@ from omnibert.data.sources import (
     compare_splits,
     read_metadata,
 )
-from omnibert.prepare.formats import FILE_SUFFIXES
+from omnibert.formats import FILE_SUFFIXES
 
 __all__ = ["FORMATS", "ConvertedSource"]
 
@@ -69,15 +69,15 @@ def file_layout(fmt: str, path: str) -> tuple[int, int, int | None] | None:
     if fmt == "hdf5":
         import h5py
 
-        from omnibert.prepare.formats.hdf5 import read_hdf5
+        from omnibert.formats.hdf5 import read_hdf5
 
         if next(read_hdf5(path, chunk_rows=1), None) is None:  # raises on a foreign layout
             return None
         with h5py.File(path, "r") as f:
             rows = int(f["input_ids"].shape[0])
             return int(f["input_ids"].shape[1]), int(f["masked_lm_positions"].shape[1]), rows
-    from omnibert.prepare.formats.example_proto import decode_varints, parse_example_raw
-    from omnibert.prepare.formats.tfrecord import iter_tfrecord_payloads, read_tfrecord
+    from omnibert.formats.example_proto import decode_varints, parse_example_raw
+    from omnibert.formats.tfrecord import iter_tfrecord_payloads, read_tfrecord
 
     if next(read_tfrecord(path, block_size=1), None) is None:  # validates the first example
         return None
@@ -200,7 +200,7 @@ class ConvertedSource(ArrowSource):
     def _convert(self, split: Split) -> None:
         import pyarrow.compute as pc
 
-        from omnibert.prepare.formats.convert import convert_to_arrow
+        from omnibert.data.conversion import convert_to_arrow
 
         assert self._spec is not None
         scratch = tempfile.mkdtemp(prefix=".convert-", dir=self.cache_dir)

@@ -350,6 +350,7 @@ class PretrainingDataModule(pl.LightningDataModule):
             self.max_predictions_per_seq,
             max_sequences_per_pack=self.packing.sequences_per_row_max,
             max_predictions_per_pack=self.predictions_per_pack,
+            vocab_size=self._checked_vocab_size(),
         )
         return self._loader(self.source.rows("train"), collator, sampler)
 
@@ -360,8 +361,21 @@ class PretrainingDataModule(pl.LightningDataModule):
             return []
         size = self.eval_micro_batch_size
         sampler = EvalBatchSampler(rows, size, num_replicas=self.world_size, rank=self.rank)
-        collator = PretrainingCollator(self.max_seq_length, self.max_predictions_per_seq, size)
+        collator = PretrainingCollator(
+            self.max_seq_length,
+            self.max_predictions_per_seq,
+            size,
+            vocab_size=self._checked_vocab_size(),
+        )
         return self._loader(self.source.rows("eval"), collator, sampler)
+
+    def _checked_vocab_size(self) -> int | None:
+        """The bound of every token id the collator checks; None where the data does not
+        record its vocab (TFRecord / HDF5 without data.vocab_file: ids go unchecked)."""
+        try:
+            return self.vocab_size
+        except DataConfigError:
+            return None
 
     def _loader(self, rows: Dataset[Any], collator: PretrainingCollator, sampler: Any) -> Any:
         return build_loader(

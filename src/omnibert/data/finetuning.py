@@ -15,6 +15,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
+from omnibert.stopping import ignore_in_worker
+
 __all__ = ["DictDataset", "FineTuneDataModule"]
 
 
@@ -70,4 +72,6 @@ class FineTuneDataModule(pl.LightningDataModule):
             batch_size=self.micro_batch_size,
             sampler=sampler,
             num_workers=self.num_workers,
+            # a signal to the process group stops the run at its step, not a worker under it
+            worker_init_fn=ignore_in_worker if self.num_workers else None,
         )

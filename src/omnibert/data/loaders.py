@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from omnibert.compat import lightning_resumes_after_batch_end
 from omnibert.data.samplers import EvalBatchSampler
+from omnibert.stopping import ignore_in_worker
 
 __all__ = ["SamplerStateDataLoader", "build_loader", "stateful_dataloader_class"]
 
@@ -130,7 +131,9 @@ def build_loader(
     whose position Lightning saves in checkpoints: torchdata's ``StatefulDataLoader``, or
     :class:`SamplerStateDataLoader` where torchdata is missing or Lightning is older than 2.5
     (the IPU environment; module docstring); the evaluation sampler a plain ``DataLoader``. Its own seeded generator leaves torch's global
-    RNG untouched."""
+    RNG untouched. Worker processes ignore SIGTERM and SIGINT (:mod:`omnibert.stopping`): a
+    signal to the process group stops the run at its next step, not with a worker's
+    traceback."""
     kwargs: dict[str, Any] = {
         "batch_sampler": sampler,
         "collate_fn": collator,
@@ -139,6 +142,8 @@ def build_loader(
         "persistent_workers": num_workers > 0,
         "generator": torch.Generator().manual_seed(seed),
     }
+    if num_workers > 0:
+        kwargs["worker_init_fn"] = ignore_in_worker
     if isinstance(sampler, EvalBatchSampler):
         return DataLoader(dataset, **kwargs)
     stateful = stateful_dataloader_class()

@@ -9,7 +9,11 @@ over 65,536), segments int8, masked positions uint16, the next-sentence label in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import datasets
+import numpy as np
 
 METADATA_FILE = "metadata.json"
 FORMAT_NAME = "omnibert-pretraining"
@@ -41,3 +45,28 @@ def features(vocab_size: int, max_seq_length: int) -> datasets.Features:
             "next_sentence_label": datasets.Value("int8"),
         }
     )
+
+
+@dataclass
+class RowStats:
+    """Counts over the rows a dataset keeps (all instances, or the first N for eval), as
+    ``metadata.json`` records them (``counts``, ``sequence_length_histogram``)."""
+
+    rows: int
+    masked: int
+    random_next: int
+    histogram: np.ndarray
+
+    @classmethod
+    def from_dataset(cls, dataset: Any, max_seq_length: int) -> RowStats:
+        """The counts over every row of a ``datasets.Dataset`` with these columns."""
+        table = dataset.data
+        lengths = np.asarray(table.column("input_ids").combine_chunks().value_lengths())
+        masked = table.column("masked_lm_positions").combine_chunks().value_lengths()
+        labels = np.asarray(table.column("next_sentence_label").combine_chunks())
+        return cls(
+            rows=len(dataset),
+            masked=int(np.asarray(masked).sum()),
+            random_next=int(labels.sum()),
+            histogram=np.bincount(lengths.astype(np.int64), minlength=max_seq_length + 1),
+        )

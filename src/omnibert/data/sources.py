@@ -19,7 +19,6 @@ needs), and hands out map-style datasets whose ``__getitems__`` returns a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch.utils.data import Dataset
 from omnibert.data.checks import (
     COMPARED,
     DataConfigError,
+    RowSpec,
     Split,
     check_files,
     check_widths,
@@ -55,17 +55,6 @@ __all__ = [
 ]
 
 Ints = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True)
-class RowSpec:
-    """What the data module asks of a source: the run's row width and masked positions
-    (``phase.*``, checked against the data) and the run's data seed (generated rows are
-    drawn from it)."""
-
-    max_seq_length: int | None  # None: the data's (evaluation of a checkpoint)
-    max_predictions_per_seq: int | None
-    seed: int = 12345
 
 
 class RowSource:
@@ -143,7 +132,9 @@ class ArrowSource(RowSource):
             metadata.json); ``None``: trust the metadata.
         eval_samples: evaluate only the first N eval rows (MLPerf: 10000); ``None``: all.
         verify_checksums: also check every Arrow file's CRC-32C against metadata.json at
-            start (reads all the data once); sizes and row counts are always checked.
+            start (reads all the data once): ``true``, ``false`` or ``auto`` (the default:
+            when a split holds at most 2 GiB, :data:`~omnibert.data.checks.AUTO_CHECKSUM_BYTES`);
+            sizes and row counts are always checked, every batch's values are range-checked.
     """
 
     format = "arrow"
@@ -154,7 +145,7 @@ class ArrowSource(RowSource):
         eval_path: str | None = None,
         vocab_file: str | None = None,
         eval_samples: int | None = None,
-        verify_checksums: bool = False,
+        verify_checksums: bool | str = "auto",
     ) -> None:
         self.train_path = None if train_path is None else str(train_path)
         self.verify_checksums = verify_checksums

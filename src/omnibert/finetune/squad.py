@@ -67,7 +67,7 @@ def check_squad_file(path: str | Path, key: str) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FineTuneInputError(
-            f"{key}={path} does not exist; download it (README: Fine-tuning and inference) "
+            f"{key}={path} does not exist; download it (docs/finetuning.md) "
             "or point it at a SQuAD v1.1 JSON file."
         )
     try:

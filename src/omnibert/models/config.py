@@ -177,3 +177,18 @@ class BertConfig:
             for key in ARCHITECTURE_FIELDS
             if getattr(self, key) != getattr(other, key)
         ]
+
+
+#: BertConfig fields that may differ between a run and the weights it starts from
+REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
+
+
+def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
+    """``key=saved (this model: ours)`` for every field of ``model`` (a BertConfig as a dict)
+    that differs in ``saved``, regularisation and runtime fields left out: what initial weights
+    must match."""
+    return [
+        f"{k}={saved.get(k)!r} (this model: {v!r})"
+        for k, v in model.items()
+        if k not in (*REGULARISATION_FIELDS, *RUNTIME_FIELDS) and saved.get(k) != v
+    ]

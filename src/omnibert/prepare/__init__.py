@@ -9,9 +9,9 @@
   (the compiled loop), :mod:`~omnibert.prepare.python_random` (CPython's ``random`` in numba);
 * :mod:`~omnibert.prepare.shards` (atomic Arrow part writer) and
   :mod:`~omnibert.prepare.pipeline` (parallel, resumable, metadata);
-* :mod:`~omnibert.prepare.formats`: MLPerf TFRecords and NVIDIA HDF5, read and converted;
 * :mod:`~omnibert.prepare.pack_index`: the offline pack index ``data.packing=offline`` reads.
 
 This package's ``__init__`` imports nothing: importing one module here never pulls in numba
-or the pipeline.
+or the pipeline. The TFRecord / HDF5 readers live in :mod:`omnibert.formats` (training
+converts those files too).
 """

@@ -20,6 +20,7 @@ import numpy as np
 
 import omnibert
 from omnibert.data import schema
+from omnibert.data.schema import RowStats
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.tokenization.vocab import Vocab
 
@@ -151,39 +152,17 @@ def identity_of(
     }
 
 
-@dataclass
-class RowStats:
-    """Counts over the rows a dataset keeps (all instances, or the first N for eval)."""
-
-    rows: int
-    masked: int
-    random_next: int
-    histogram: np.ndarray
-
-    @classmethod
-    def from_parts(cls, parts: Sequence[PartStats], max_seq_length: int) -> RowStats:
-        histogram = np.zeros(max_seq_length + 1, dtype=np.int64)
-        for part in parts:
-            histogram += np.asarray(part.length_histogram, dtype=np.int64)
-        return cls(
-            rows=sum(p.instances for p in parts),
-            masked=sum(p.masked for p in parts),
-            random_next=sum(p.random_next for p in parts),
-            histogram=histogram,
-        )
-
-    @classmethod
-    def from_dataset(cls, dataset: Any, max_seq_length: int) -> RowStats:
-        table = dataset.data
-        lengths = np.asarray(table.column("input_ids").combine_chunks().value_lengths())
-        masked = table.column("masked_lm_positions").combine_chunks().value_lengths()
-        labels = np.asarray(table.column("next_sentence_label").combine_chunks())
-        return cls(
-            rows=len(dataset),
-            masked=int(np.asarray(masked).sum()),
-            random_next=int(labels.sum()),
-            histogram=np.bincount(lengths.astype(np.int64), minlength=max_seq_length + 1),
-        )
+def row_stats(parts: Sequence[PartStats], max_seq_length: int) -> RowStats:
+    """The counts over every row of the per-file ``parts``."""
+    histogram = np.zeros(max_seq_length + 1, dtype=np.int64)
+    for part in parts:
+        histogram += np.asarray(part.length_histogram, dtype=np.int64)
+    return RowStats(
+        rows=sum(p.instances for p in parts),
+        masked=sum(p.masked for p in parts),
+        random_next=sum(p.random_next for p in parts),
+        histogram=histogram,
+    )
 
 
 def fingerprint(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from omnibert import stopping
 from omnibert.prepare import shards
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.metadata import (
@@ -25,6 +26,7 @@ from omnibert.prepare.metadata import (
     eval_shortfall,
     fingerprint,
     identity_of,
+    row_stats,
     skip_reason,
 )
 from omnibert.prepare.output_dir import PrepareError, check_output_dir, damaged_files
@@ -146,18 +148,21 @@ def prepare(
             f"no input file gives any instance ({', '.join(p.input_file for p in parts[:3])}"
             f"{', ...' if len(parts) > 3 else ''} hold no documents); fix input_files."
         )
-    shards.clear_data_files(output_dir)  # left by an interrupted assembly: redone from parts
-    records = shards.assemble(output_dir, kept_parts, keep_rows=eval_samples)
-    dataset = shards.write_state(output_dir, records, dataset_fingerprint)
-    if eval_samples is None:
-        kept = RowStats.from_parts(parts, settings.max_seq_length)
-    else:
-        kept = RowStats.from_dataset(dataset, settings.max_seq_length)
-    notes = [*shortfalls, *eval_shortfall(eval_samples, kept.rows)]
-    metadata = build_metadata(
-        parts, settings, vocab, options, dataset_fingerprint, kept, records, identity, notes
-    )
-    shards.complete(output_dir, metadata)
+    with stopping.at_safe_points(f"the end of writing {output_dir}"):  # seconds, not hours
+        shards.clear_data_files(output_dir)  # left by an interrupted assembly: redone from parts
+        records = shards.assemble(output_dir, kept_parts, keep_rows=eval_samples)
+        dataset = shards.write_state(output_dir, records, dataset_fingerprint)
+        if eval_samples is None:
+            kept = row_stats(parts, settings.max_seq_length)
+        else:
+            kept = RowStats.from_dataset(dataset, settings.max_seq_length)
+        notes = [*shortfalls, *eval_shortfall(eval_samples, kept.rows)]
+        metadata = build_metadata(
+            parts, settings, vocab, options, dataset_fingerprint, kept, records, identity, notes
+        )
+        shards.complete(output_dir, metadata)
+    stopping.set_context(f" after {output_dir} was complete")
+    stopping.check()
     seconds = time.perf_counter() - start
     return PrepareSummary(
         output_dir=str(output_dir),
@@ -189,16 +194,19 @@ def _repair(
         log.warning("%s %s; regenerating it from %s", record["filename"], what, inputs)
     results = run_jobs([jobs[i] for i in affected], num_workers, progress)
     keep_rows = (existing.get("settings") or {}).get("eval_samples")
-    records = shards.assemble(output_dir, affected, keep_rows=keep_rows)
-    untouched = [r for r in existing["files"] if not set(r["inputs"]) & set(affected)]
-    records = sorted([*untouched, *records], key=lambda r: str(r["filename"]))
-    dataset = shards.write_state(output_dir, records, existing["fingerprint"])
-    if len(dataset) != existing["counts"]["instances"]:  # pragma: no cover - nondeterminism
-        raise PrepareError(
-            f"regenerating {output_dir} gave {len(dataset)} rows, not the "
-            f"{existing['counts']['instances']} recorded; pass overwrite=true to redo it all."
-        )
-    shards.complete(output_dir, {**existing, "files": records})
+    with stopping.at_safe_points(f"the end of writing {output_dir}"):
+        records = shards.assemble(output_dir, affected, keep_rows=keep_rows)
+        untouched = [r for r in existing["files"] if not set(r["inputs"]) & set(affected)]
+        records = sorted([*untouched, *records], key=lambda r: str(r["filename"]))
+        dataset = shards.write_state(output_dir, records, existing["fingerprint"])
+        if len(dataset) != existing["counts"]["instances"]:  # pragma: no cover - nondeterminism
+            raise PrepareError(
+                f"regenerating {output_dir} gave {len(dataset)} rows, not the "
+                f"{existing['counts']['instances']} recorded; pass overwrite=true to redo it all."
+            )
+        shards.complete(output_dir, {**existing, "files": records})
+    stopping.set_context(f" after {output_dir} was repaired")
+    stopping.check()
     return PrepareSummary(
         output_dir=str(output_dir),
         files=len(jobs),

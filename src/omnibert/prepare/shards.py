@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from omnibert.data.integrity import file_problems, file_record
 from omnibert.data.schema import METADATA_FILE
+from omnibert.paths import write_json_atomic
 
 if TYPE_CHECKING:
     from omnibert.prepare.instances import InstanceArrays
@@ -208,13 +209,3 @@ def complete(output_dir: Path, metadata: dict[str, Any]) -> None:
     """Write ``metadata.json`` (the completion mark) and drop the work directory."""
     write_json_atomic(output_dir / METADATA_FILE, metadata)
     shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

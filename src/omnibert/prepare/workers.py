@@ -13,6 +13,7 @@ parent id) and checks that the parent is still there once that is set up.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -39,6 +40,7 @@ from omnibert.prepare.instances import (
 )
 from omnibert.prepare.metadata import PartStats
 from omnibert.prepare.output_dir import PrepareError
+from omnibert.stopping import Stopped
 from omnibert.tokenization.bert_tokenizer import BertTokenizer
 from omnibert.tokenization.vocab import Vocab
 
@@ -125,7 +127,9 @@ def input_lines(path: Path, input_format: str) -> list[str]:
 def run_jobs(jobs: list[PrepareJob], num_workers: int, progress: bool) -> dict[int, PartStats]:
     """Run ``jobs`` (here, or in up to ``num_workers`` worker processes) with a progress bar;
     an input file error or a worker killed from outside stops the run with one sentence,
-    every part finished so far kept for the next run to resume."""
+    every part finished so far kept for the next run to resume. SIGTERM / SIGINT
+    (:mod:`omnibert.stopping`) end the workers at once (a part is written whole or not at
+    all) and stop with the count of finished files."""
     results: dict[int, PartStats] = {}
     bar = progress_bar(len(jobs), "omnibert-prepare", "file", progress)  # lines in a log file
     try:
@@ -152,9 +156,35 @@ def run_jobs(jobs: list[PrepareJob], num_workers: int, progress: bool) -> dict[i
                     for other in futures:
                         other.cancel()
                     raise PrepareError(_failure(err, futures, results)) from err
+                except Stopped:
+                    _end_workers(pool, Path(jobs[0].output_dir))
+                    raise
+    except Stopped as stop:
+        done = sum(
+            1
+            for job in jobs
+            if (shards.part_dir(Path(job.output_dir), job.index) / shards.PART_FILE).is_file()
+        )  # finished parts on disk (a result still on its way from a worker counts)
+        stop.where = f" with {done} of {len(jobs)} input files done"
+        stop.hint = "the finished ones are kept; run the same command again to go on"
+        raise
     finally:
         bar.close()
     return results
+
+
+def _end_workers(pool: ProcessPoolExecutor, output_dir: Path) -> None:
+    """Kill the pool's workers now (a signal sent to the run alone does not reach them)
+    instead of waiting for their files, and remove the part each was writing (a part is renamed into place whole,
+    so a finished one is never touched)."""
+    processes = dict(getattr(pool, "_processes", None) or {})  # terminate_workers() from 3.14
+    for process in processes.values():
+        process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+    parts = output_dir / shards.PARTS_DIR
+    for pid in processes:
+        for unfinished in parts.glob(f"part-*.tmp-{pid}"):
+            shutil.rmtree(unfinished, ignore_errors=True)
 
 
 def _failure(err: Exception, futures: dict[Any, PrepareJob], results: dict[int, Any]) -> str:
@@ -173,7 +203,13 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Worker initializer: end this process as soon as ``parent_pid`` (the run) is gone."""
+    """Worker initializer: end this process as soon as ``parent_pid`` (the run) is gone.
+
+    SIGINT is ignored (a Ctrl-C to the process group would print a ``KeyboardInterrupt``
+    traceback per worker; the run stops and ends its workers). SIGTERM keeps its default:
+    the pool itself ends workers with SIGTERM when it breaks, and a worker killed by it
+    prints nothing, while the run stops on the same signal (:mod:`omnibert.stopping`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
 

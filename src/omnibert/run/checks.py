@@ -20,13 +20,29 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
+from omnibert.callbacks.requeue import RESUME_FILE
+from omnibert.ckpt_files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
-from omnibert.models.config import RUNTIME_FIELDS
+from omnibert.models.config import RUNTIME_FIELDS, architecture_diffs
 from omnibert.run.plan import TrainConfigError
 
-#: written next to last.ckpt by a run stopped at its time limit (omnibert.callbacks.requeue)
-RESUME_FILE = "resume.json"
+__all__ = [
+    "RESUME_FILE",
+    "check_init_from",
+    "check_optimizer",
+    "check_resume_position",
+    "check_resume_target",
+    "describe_clipping",
+    "instantiate_node",
+    "remove_stale_temporaries",
+    "resolve_ckpt_path",
+    "resolve_clipping",
+    "resolve_config",
+    "resolve_vocab_size",
+    "saved_sampler_state",
+    "tf1_bert_config",
+]
 
 
 def instantiate_node(node: Any, **kwargs: Any) -> Any:
@@ -197,9 +213,7 @@ def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
     try:
         saved = load_checkpoint(ckpt, mmap=True)
     except Exception as err:
-        raise TrainConfigError(
-            f"ckpt_path={ckpt} cannot be read ({_root(err)}); pass an intact checkpoint."
-        ) from err
+        raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
     theirs = (saved.get("hyper_parameters") or {}).get("model_config") or {}
     diffs = [
         f"{k}={theirs.get(k)!r} (now {v!r})"
@@ -224,9 +238,7 @@ def saved_sampler_state(ckpt: str) -> dict[str, Any] | None:
     except (KeyError, TypeError):
         return None
     except Exception as err:
-        raise TrainConfigError(
-            f"ckpt_path={ckpt} cannot be read ({_root(err)}); pass an intact checkpoint."
-        ) from err
+        raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
     if not loaders or not isinstance(loaders[0], Mapping):
         return None
     state = loaders[0]
@@ -243,19 +255,6 @@ def check_resume_position(ckpt: str, sampler: Any) -> None:
     state = saved_sampler_state(ckpt)
     if state is not None:
         sampler.load_state_dict(state)
-
-
-#: BertConfig fields that may differ between a run and the weights it starts from
-REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
-
-
-def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
-    """``key=saved (this model: ours)`` for every architecture field that differs."""
-    return [
-        f"{k}={saved.get(k)!r} (this model: {v!r})"
-        for k, v in model.items()
-        if k not in (*REGULARISATION_FIELDS, *RUNTIME_FIELDS) and saved.get(k) != v
-    ]
 
 
 def check_init_from(
@@ -301,6 +300,9 @@ def check_init_from(
     else:
         try:
             ckpt = load_checkpoint(path, mmap=True)
+        except Exception as err:
+            raise TrainConfigError(unreadable_checkpoint("init_from", path, err)) from err
+        try:
             saved = dict(ckpt["hyper_parameters"]["model_config"])
         except Exception as err:
             raise TrainConfigError(

@@ -60,14 +60,13 @@ def _finetuned_file(path: Path) -> Path | None:
 
 def load_encoder_source(c: dict[str, Any], recipe: dict[str, Any]) -> EncoderSource:
     """The weights ``model.init_from`` names (module docstring)."""
-    import torch
-
+    from omnibert.compat import load_checkpoint
     from omnibert.models import BertConfig
 
     init_from = str(c["model"]["init_from"])
     file = _finetuned_file(Path(init_from))
     if file is not None:
-        ckpt = torch.load(file, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(file)
         hparams = ckpt.get("hyper_parameters") or {}
         saved = hparams.get("recipe")
         if isinstance(saved, dict) and ("data" in saved or "format" in saved):
@@ -88,7 +87,9 @@ def load_encoder_source(c: dict[str, Any], recipe: dict[str, Any]) -> EncoderSou
             )
     from omnibert.convert.checkpoints import load_pretrained
 
-    loaded = load_pretrained(init_from, c["model"].get("bert_config"), require_heads=False)
+    loaded = load_pretrained(
+        init_from, c["model"].get("bert_config"), require_heads=False, key="model.init_from"
+    )
     return EncoderSource(
         loaded.config,
         loaded.vocab_file,

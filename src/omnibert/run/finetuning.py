@@ -286,6 +286,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
     from omnibert.callbacks.progress import select_progress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
+    from omnibert.callbacks.stop import StopAtSafePoint
     from omnibert.compat import seed_everything
     from omnibert.data.finetuning import FineTuneDataModule
     from omnibert.run.checks import instantiate_node
@@ -314,6 +315,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     nodes = c.get("callbacks") or {}
     callbacks = [instantiate_node(n) for n in nodes.values() if n is not None]
     callbacks.append(CompletedBatchProgress())
+    callbacks.append(StopAtSafePoint())  # SIGTERM / SIGINT: checkpoint this step, then stop
     if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
         callbacks.append(CheckpointOnSignal())
     if not c["trainer"].get("enable_progress_bar", True):
@@ -349,6 +351,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
 def fit(run: Run) -> dict[str, Any]:
     """Train; the training facts for the summary (the final checkpoint is the checkpoint
     callback's ``final.ckpt``)."""
+    from omnibert import stopping
     from omnibert.run.checks import RESUME_FILE
     from omnibert.run.training import finish_loggers
 
@@ -358,9 +361,12 @@ def fit(run: Run) -> dict[str, Any]:
     print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(run.new_keys)}")
     start = time.perf_counter()
     try:
-        trainer.fit(task, datamodule=run.datamodule, ckpt_path=prepared.ckpt_path)
+        with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+            trainer.fit(task, datamodule=run.datamodule, ckpt_path=prepared.ckpt_path)
     finally:
         finish_loggers(trainer.loggers)
+    stopping.set_context(f" after fine-tuning finished at step {trainer.global_step}")
+    stopping.check()
     seconds = time.perf_counter() - start
     if trainer.is_global_zero:
         (checkpoint_dir / RESUME_FILE).unlink(missing_ok=True)
@@ -457,8 +463,10 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
     returns the summary."""
+    from omnibert import stopping
     from omnibert.reporting import write_curves
 
+    stopping.set_context(" before fine-tuning started")
     prepared = prepare(cfg)
     inputs = prepared.inputs
     c = inputs.c

@@ -55,16 +55,15 @@ def task_class(recipe: dict[str, Any]) -> Any:
 
 def load_finetuned(path: str | Path) -> Finetuned:
     """The fine-tuned task stored at ``path`` (a run directory or a ``.ckpt``), in eval mode."""
-    import torch
+    from omnibert.compat import load_checkpoint
 
     file = _checkpoint_file(Path(path))
     try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(file)
     except Exception as err:
-        raise FineTuneInputError(
-            f"ckpt={file} could not be read ({type(err).__name__}); pass a checkpoint written "
-            "by omnibert-finetune."
-        ) from err
+        from omnibert.ckpt_files import unreadable_checkpoint
+
+        raise FineTuneInputError(unreadable_checkpoint("ckpt", file, err)) from err
     hparams = ckpt.get("hyper_parameters") or {}
     recipe = hparams.get("recipe") or {}
     if "data" not in recipe and "format" not in recipe:

@@ -67,7 +67,7 @@ log = logging.getLogger("omnibert.train")
 def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The training config as plain containers, interpolations resolved, ranges checked;
     every problem is one sentence naming the key."""
-    from omnibert.apps.schema import validate
+    from omnibert.schema import validate
 
     c = resolve_config(
         cfg, "e.g. omnibert-train data.train_path=<dir> data.eval_path=<dir> (or experiment=demo)"
@@ -423,6 +423,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
     from omnibert.callbacks.progress import select_progress
     from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
+    from omnibert.callbacks.stop import StopAtSafePoint
     from omnibert.run.profiling import profiler_for_run
 
     cfg, c, plugin, plan = prepared.cfg, prepared.c, prepared.plugin, prepared.plan
@@ -432,6 +433,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     mlperf = _mlperf_callback(prepared, output_dir)  # logs init_start before the model
     task, loaded = build_task(prepared)
     callbacks = [*_instantiate_all(cfg.get("callbacks")), CompletedBatchProgress()]
+    callbacks.append(StopAtSafePoint())  # SIGTERM / SIGINT: checkpoint this step, then stop
     callbacks += [mlperf] if mlperf else []
     if submitit_signal() is not None:  # a submitit job: checkpoint at the time limit, requeue
         callbacks.append(CheckpointOnSignal())
@@ -511,6 +513,7 @@ def majority_baselines(validation: dict[str, float] | None) -> dict[str, float |
 
 def fit(run: Run) -> dict[str, Any]:
     """Train, validate on the whole eval set at the end, return the summary."""
+    from omnibert import stopping
     from omnibert.callbacks import PretrainingThroughput
     from omnibert.callbacks.mlperf import MLPerfCompliance
 
@@ -519,7 +522,8 @@ def fit(run: Run) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         try:
-            trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
+            with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+                trainer.fit(task, datamodule=prepared.datamodule, ckpt_path=plan.ckpt_path)
         except RuntimeError as err:
             # Lightning's teardown can fail while a user error from restoring the loader
             # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
@@ -527,6 +531,13 @@ def fit(run: Run) -> dict[str, Any]:
                 raise err.__context__ from None
             raise
         seconds = time.perf_counter() - start
+        last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
+        stopping.set_context(
+            f" after training finished at step {trainer.global_step} ({last_ckpt} holds it)"
+            if last_ckpt.is_file()
+            else f" after training finished at step {trainer.global_step}"
+        )
+        stopping.check()  # a signal during the last validation inside fit
         if trainer.is_global_zero:  # finished: nothing left to resume after a time limit
             (Path(plan.checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)
         last = task.last_validation
@@ -536,7 +547,6 @@ def fit(run: Run) -> dict[str, Any]:
         finish_loggers(trainer.loggers)
     throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
     mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
-    last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
     return {
         "run_name": prepared.c["run_name"],
         "steps": trainer.global_step,

@@ -42,10 +42,10 @@ from torchmetrics import Metric, SumMetric
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
+from omnibert.models.config import architecture_diffs
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
 from omnibert.optim.sharding import attach_shard_group
-from omnibert.run.checks import architecture_diffs
 
 log = logging.getLogger(__name__)
 

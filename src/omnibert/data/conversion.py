@@ -1,4 +1,6 @@
-"""Read MLPerf TFRecord / NVIDIA HDF5 files by suffix and convert them to omnibert Arrow shards."""
+"""Convert MLPerf TFRecord / NVIDIA HDF5 files (read by :mod:`omnibert.formats`) to an Arrow
+dataset of omnibert's unpadded rows with a ``metadata.json`` (training's converted source
+caches them: :mod:`omnibert.data.converted`)."""
 
 from __future__ import annotations
 
@@ -9,40 +11,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnibert.prepare.formats import FILE_SUFFIXES
-from omnibert.prepare.formats.hdf5 import HDF5FormatError, read_hdf5
-from omnibert.prepare.formats.tfrecord import TFRecordError, read_tfrecord
+from omnibert.formats.hdf5 import HDF5FormatError
+from omnibert.formats.records import iter_records
+from omnibert.formats.tfrecord import TFRecordError
 
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["TFRECORD_SUFFIXES", "arrow_features", "convert_to_arrow", "iter_records"]
-
-TFRECORD_SUFFIXES = FILE_SUFFIXES["tfrecord"]
-HDF5_SUFFIXES = FILE_SUFFIXES["hdf5"]
-
-
-def iter_records(
-    path: str | os.PathLike[str],
-    *,
-    max_seq_length: int | None = None,
-    max_predictions_per_seq: int | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Stream unpadded omnibert records from a TFRecord (``.tfrecord``, ``.tfrecords``,
-    ``.gz``: gzip-compressed TFRecord) or NVIDIA HDF5 (``.hdf5``, ``.h5``) file."""
-    name = str(path).lower()
-    if name.endswith(TFRECORD_SUFFIXES):
-        return read_tfrecord(
-            path, max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq
-        )
-    if name.endswith(HDF5_SUFFIXES):
-        return read_hdf5(
-            path, max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq
-        )
-    raise ValueError(
-        f"{path}: unknown pretraining data format; name TFRecord files *.tfrecord, "
-        "*.tfrecords or *.gz (gzip) and NVIDIA HDF5 shards *.hdf5 or *.h5."
-    )
+__all__ = ["arrow_features", "convert_to_arrow"]
 
 
 def arrow_features(
@@ -130,9 +106,8 @@ def _write_metadata(
 ) -> None:
     import datasets
 
-    from omnibert.data.schema import FORMAT_NAME, FORMAT_VERSION, METADATA_FILE
-    from omnibert.prepare.metadata import RowStats
-    from omnibert.prepare.shards import write_json_atomic
+    from omnibert.data.schema import FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, RowStats
+    from omnibert.paths import write_json_atomic
     from omnibert.tokenization.vocab import sha256_file
 
     dataset = datasets.load_from_disk(str(out))

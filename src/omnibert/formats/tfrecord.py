@@ -31,7 +31,7 @@ from typing import IO, Any
 import numpy as np
 
 from omnibert.errors import UserError
-from omnibert.prepare.formats.example_proto import (
+from omnibert.formats.example_proto import (
     FLOAT_LIST,
     INT64_LIST,
     ExampleDecodeError,
@@ -40,7 +40,7 @@ from omnibert.prepare.formats.example_proto import (
     encode_examples,
     parse_example_raw,
 )
-from omnibert.prepare.formats.padded import RecordError, pad_records, unpad_batch
+from omnibert.formats.padded import RecordError, pad_records, unpad_batch
 
 __all__ = [
     "TFRecordError",

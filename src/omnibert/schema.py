@@ -1,6 +1,7 @@
-"""Structured configs (Hydra ConfigStore) for the keys the apps validate: types are checked by
-OmegaConf when the config is composed, with the key's path in the message; ranges by
-:func:`validate` as the first thing an app does, before any heavy import or file access.
+"""Structured configs for the keys the apps validate: types are checked by OmegaConf when the
+config is composed (:func:`omnibert.apps.compose.register` puts these in Hydra's ConfigStore),
+with the key's path in the message; ranges by :func:`validate` as the first thing an app does,
+before any heavy import or file access. It sits below ``run/`` and ``apps/``, which both read it.
 
 * ``pretrain_schema``: the root of ``conf/pretrain.yaml`` (run keys, the ``phase`` node, the
   model's ``config``); groups that are ``_target_`` nodes (accelerator, data, optimizer,
@@ -21,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omnibert.errors import UserError
 from omnibert.models.config import BertConfig
 
-__all__ = ["ConfigError", "register", "validate"]
+__all__ = ["ConfigError", "MLPerfNode", "PackNode", "PhaseConfig", "PretrainConfig", "validate"]
 
 
 class ConfigError(UserError):
@@ -169,29 +170,6 @@ class PretrainConfig:
     phases: Optional[dict[str, Any]] = None  # noqa: UP045
     # MLPerf mode (phase=mlperf); null: off
     mlperf: Optional[MLPerfNode] = None  # noqa: UP045
-
-
-_REGISTERED = False
-
-
-def register() -> None:
-    """Put the schemas in Hydra's ConfigStore and the config resolvers in OmegaConf
-    (idempotent); call before composing."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from hydra.core.config_store import ConfigStore
-
-    from omnibert.apps.app_schemas import SCHEMAS
-    from omnibert.run.sweeps import register_resolvers
-
-    register_resolvers()
-    store = ConfigStore.instance()
-    for name, node in SCHEMAS.items():
-        store.store(name=name, node=node)
-    store.store(name="pretrain_schema", node=PretrainConfig)
-    store.store(group="schema", name="pack", node=PackNode)
-    _REGISTERED = True
 
 
 def validate(cfg: DictConfig) -> None:

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from omnibert.errors import UserError
-from omnibert.prepare.formats.padded import RecordError, pad_records, unpad_batch
+from omnibert.formats.padded import RecordError, pad_records, unpad_batch
 
 __all__ = ["HDF5_DATASETS", "HDF5FormatError", "read_hdf5", "write_hdf5"]
 

@@ -1,0 +1,92 @@
+"""Stop a fit at the end of the optimiser step during which SIGTERM or SIGINT arrived.
+
+:mod:`omnibert.stopping` only notes the signal while Lightning fits
+(:func:`omnibert.stopping.at_safe_points`). :class:`StopAtSafePoint` looks at it once per
+optimiser step, in ``on_train_batch_end`` of the step's last micro-batch: where a periodic
+``every_n_train_steps`` checkpoint is written, so a checkpoint written here resumes exactly
+like those (bitwise on CPU, with the next batch). With a checkpoint callback it saves the
+step's ``step-*.ckpt`` and ``last.ckpt`` through it (unless it saved this step already; one
+that keeps no ``last.ckpt``, as fine-tuning's ``final.ckpt``, gets a ``last.ckpt`` beside), then
+raises :class:`~omnibert.stopping.Stopped`, which ends ``fit`` at once (Lightning's
+``Trainer.should_stop`` would first run a whole validation, and its end-of-training saves
+would overwrite the checkpoint with one that resumes a new epoch) and reaches the app's
+:func:`~omnibert.errors.exit_on`. Several processes learn of the signal at the same step (one
+all-reduce per step, only when there are several).
+
+While Lightning fits, its own SIGTERM handler (which ends the run with exit code 0 and no
+checkpoint) is replaced by omnibert's for the duration of training, where omnibert handles
+SIGTERM at all (not under submitit, whose own handler stays).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from omnibert import stopping
+
+__all__ = ["StopAtSafePoint"]
+
+
+class StopAtSafePoint(pl.Callback):
+    """See the module docstring. ``hint`` ends the stop line (``None``: ``resume with
+    ckpt_path=last`` when a checkpoint was written, else nothing)."""
+
+    def __init__(self, hint: str | None = None) -> None:
+        super().__init__()
+        self.hint = hint
+        self._step = -1
+        self._replaced: Any = None
+        self.checkpoint: str | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._step = trainer.global_step
+        if stopping.handles(signal.SIGTERM):
+            self._replaced = stopping.install(signal.SIGTERM)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        if trainer.global_step == self._step:
+            return  # inside an accumulation group: no optimiser step yet
+        self._step = trainer.global_step
+        signum = stopping.pending() or 0
+        if trainer.world_size > 1:
+            flag = torch.tensor(float(signum), device=pl_module.device)
+            signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if not signum:
+            return
+        checkpointing: Any = trainer.checkpoint_callback
+        if checkpointing is not None and getattr(checkpointing, "save_last", False):
+            if getattr(checkpointing, "_last_global_step_saved", -1) != trainer.global_step:
+                candidates = checkpointing._monitor_candidates(trainer)
+                checkpointing._save_topk_checkpoint(trainer, candidates)
+                checkpointing._save_last_checkpoint(trainer, candidates)
+            self.checkpoint = checkpointing.last_model_path or None
+        elif checkpointing is not None:  # no last.ckpt of its own (fine-tuning: final.ckpt)
+            dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
+            path = Path(str(dirpath)) / "last.ckpt"
+            trainer.save_checkpoint(path)
+            checkpointing.last_model_path = self.checkpoint = str(path)
+        hint = self.hint
+        if hint is None:
+            hint = "resume with ckpt_path=last" if self.checkpoint else ""
+        raise stopping.Stopped(signum, f" at step {trainer.global_step}", hint)
+
+    def _restore(self) -> None:
+        if self._replaced is not None:
+            signal.signal(signal.SIGTERM, self._replaced)
+            self._replaced = None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()

@@ -1,0 +1,225 @@
+"""SIGTERM and SIGINT: every app stops at its next safe point and says where it stopped.
+
+``kill <pid>`` (schedulers, ``docker stop``, Kubernetes, systemd) sends SIGTERM, Ctrl-C
+SIGINT. While an app runs (:func:`handle_stop_signals`, entered by
+:func:`omnibert.errors.exit_on`), the first of either signal is noted and:
+
+* inside a safe-point section (:func:`at_safe_points`: the training loop, whose callback
+  :class:`omnibert.callbacks.stop.StopAtSafePoint` looks at :func:`pending` after each
+  optimiser step), the work goes on to the next safe point, which then raises
+  :class:`Stopped` itself (training writes its checkpoint first);
+* anywhere else (checks, setup, a final validation, data preparation), :class:`Stopped`
+  is raised at once, like ``KeyboardInterrupt`` but for both signals and never swallowed
+  by an ``except Exception``.
+
+``exit_on`` turns :class:`Stopped` into one line, ``<app>: stopped by SIGTERM at step 137;
+resume with ckpt_path=last``, and exit code ``128 + signal number`` (143, 130), what shells
+and schedulers expect of a process stopped by a signal. A second signal stops the process
+at once (``os._exit``, same exit code): what is on disk stays as the last safe point left it
+(checkpoints and prepared parts are written atomically).
+
+A signal whose handler someone else installed before the app started is left to them:
+submitit installs its own SIGTERM handler in a SLURM job (it bypasses SIGTERM and requeues
+on its own signal, :mod:`omnibert.callbacks.requeue`), and a process started with SIGTERM
+ignored keeps ignoring it. Lightning's SLURM requeue listens to SIGUSR1, which is not
+touched. Loader workers ignore SIGINT, and SIGTERM while their parent handles it
+(:func:`ignore_in_worker`: a byte of memory shared with the forked workers says so), so a
+signal to the whole process group (or to every process of a SLURM job or a systemd unit)
+stops the run at its step instead of killing a worker under it; outside a run, a parent
+ending its workers with SIGTERM (``multiprocessing`` at exit) still ends them.
+``omnibert-prepare``'s workers ignore SIGINT and die quietly of SIGTERM
+(:func:`omnibert.prepare.workers.die_with_parent`).
+
+Standard library only: the apps enter it before torch is imported.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from types import FrameType
+from typing import Any
+
+__all__ = [
+    "SIGNALS",
+    "Stopped",
+    "at_safe_points",
+    "check",
+    "handle_stop_signals",
+    "ignore_in_worker",
+    "pending",
+    "set_context",
+]
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """The run was stopped by ``signum``; ``where`` (`` at step 137``) and ``hint``
+    (``resume with ckpt_path=last``) complete the line the app prints."""
+
+    def __init__(self, signum: int, where: str = "", hint: str = "") -> None:
+        self.signum = int(signum)
+        self.where = where
+        self.hint = hint
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        text = f"stopped by {signal.Signals(self.signum).name}{self.where}"
+        return f"{text}; {self.hint}" if self.hint else text
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class _State:
+    """The one handler of this process (module docstring)."""
+
+    def __init__(self) -> None:
+        self.app = "omnibert"
+        self.pid = -1
+        self.depth = 0  # nested handle_stop_signals blocks
+        self.safe_points = 0  # nested at_safe_points blocks
+        self.signum: int | None = None
+        self.context = ""  # where a stop outside a safe point leaves the run
+        self.safe_point = "the next safe point"  # what the innermost section waits for
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # a forked child before it set its own handlers
+            return
+        name = signal.Signals(signum).name
+        if self.signum is not None:  # the second signal: stop now
+            _say(f"{self.app}: second {name}: stopping at once.\n")
+            os._exit(128 + signum)
+        self.signum = signum
+        if self.safe_points:
+            _say(
+                f"{self.app}: {name} received: stopping at {self.safe_point} (send it again "
+                "to stop at once).\n"
+            )
+            return
+        raise Stopped(signum, self.context)
+
+
+_STATE = _State()
+
+#: one byte of anonymous shared memory, inherited by forked loader workers: 1 while this
+#: process handles SIGTERM itself (:func:`handle_stop_signals`)
+_HANDLING = mmap.mmap(-1, 1)
+
+
+def _say(text: str) -> None:
+    """Write from a signal handler: ``os.write`` is safe where ``print`` may re-enter."""
+    with suppress(OSError):
+        os.write(2, text.encode())
+
+
+def _ours(handler: Any) -> bool:
+    return handler is _STATE.handle or getattr(handler, "__self__", None) is _STATE
+
+
+def _free(signum: int, handler: Any) -> bool:
+    """Whether nobody else handles ``signum`` (Python's defaults), so the app may."""
+    if signum == signal.SIGINT:
+        return handler is signal.default_int_handler
+    return handler in (signal.SIG_DFL, None)
+
+
+@contextmanager
+def handle_stop_signals(app: str) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT stop ``app`` as the module docstring says."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can set handlers (a job run by a thread pool)
+        return
+    state = _STATE
+    outer = state.depth == 0
+    if outer:
+        state.app, state.pid, state.signum, state.context = app, os.getpid(), None, ""
+        for signum in SIGNALS:
+            current = signal.getsignal(signum)
+            if _free(signum, current):
+                state.previous[signum] = current
+                signal.signal(signum, state.handle)
+        _HANDLING[0] = int(signal.SIGTERM in state.previous)
+    state.depth += 1
+    try:
+        yield
+    finally:
+        state.depth -= 1
+        if outer:
+            _HANDLING[0] = 0
+            for number, handler in state.previous.items():
+                if _ours(signal.getsignal(number)):
+                    signal.signal(number, handler)
+            state.previous.clear()
+
+
+def handles(signum: int) -> bool:
+    """Whether this module handles ``signum`` in this process now."""
+    return signum in _STATE.previous and _STATE.pid == os.getpid()
+
+
+def install(signum: int) -> Any:
+    """Put this module's handler back on ``signum`` (Lightning's ``Trainer`` sets its own
+    SIGTERM handler while it fits, which ends the run with exit code 0); returns the one it
+    replaced."""
+    return signal.signal(signum, _STATE.handle)
+
+
+@contextmanager
+def at_safe_points(what: str = "the end of the current optimiser step") -> Iterator[None]:
+    """Within the block a signal is only noted (and acknowledged: stopping at ``what``); the
+    code checks :func:`pending` at its safe points and raises :class:`Stopped` there."""
+    state = _STATE
+    outer_what = state.safe_point
+    state.safe_points += 1
+    state.safe_point = what
+    try:
+        yield
+    finally:
+        state.safe_points -= 1
+        state.safe_point = outer_what
+
+
+def pending() -> int | None:
+    """The signal that asked this process to stop, or None."""
+    return _STATE.signum if _STATE.pid == os.getpid() else None
+
+
+def check() -> None:
+    """Raise :class:`Stopped` when a signal arrived inside a safe-point section that ended
+    without reaching a safe point (e.g. during the last validation of a fit)."""
+    signum = pending()
+    if signum is not None:
+        raise Stopped(signum, _STATE.context)
+
+
+def set_context(text: str) -> None:
+    """What a stop outside a safe point means from now on, appended to ``stopped by
+    SIGTERM`` (e.g. `` before training started; nothing to resume``)."""
+    _STATE.context = text
+
+
+def ignore_in_worker(*_: Any) -> None:
+    """A loader worker ignores SIGINT, and SIGTERM while its parent handles SIGTERM: a signal
+    sent to the whole process group (a terminal's Ctrl-C, ``timeout``, ``kill -- -PGID``,
+    SLURM or systemd signalling every process) reaches the parent, which stops at its safe
+    point and ends its workers; they never print their own tracebacks. A SIGTERM while the
+    parent does not handle it (a parent ending its workers at exit) ends the worker as
+    before. Usable as a ``worker_init_fn`` (it takes and ignores the worker id)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _worker_sigterm)
+
+
+def _worker_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _HANDLING[0]:  # the run stops at its safe point and then ends this worker
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
