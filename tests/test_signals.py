@@ -44,6 +44,13 @@ TRAIN = [
 ]
 
 
+def _interruptible() -> None:
+    """SIGINT back to its default in the child, as a terminal's foreground job has it: a parent
+    that ignores SIGINT (pytest-xdist's workers do) would otherwise hand the app an ignored
+    SIGINT, which omnibert rightly leaves alone, as shells do for background jobs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
     """A process in its own session whose output lines are read as they come."""
 
@@ -52,7 +59,7 @@ class Run:
         self.log = log
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-            start_new_session=True, text=True, bufsize=1,
+            start_new_session=True, text=True, bufsize=1, preexec_fn=_interruptible,
         )  # fmt: skip
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
