@@ -68,3 +68,20 @@ def fake_sdk(monkeypatch):
     for name in list(sys.modules):
         if name.startswith(FAKES):
             del sys.modules[name]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch._dynamo reset, its counters and tests/dynamo_counts.py's records cleared, before
+    and after the test (the compile tests of test_kernels.py and test_gpu.py)."""
+    import dynamo_counts
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    dynamo_counts.SEEN.clear()
+    dynamo_counts.OPTIMIZER.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()

@@ -43,19 +43,6 @@ def _needs_cuda() -> None:
         pytest.fail("pytest -m gpu needs a CUDA GPU that torch can see")
 
 
-@pytest.fixture
-def fresh_dynamo():
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    dynamo_counts.SEEN.clear()
-    dynamo_counts.OPTIMIZER.clear()
-    yield
-    torch._dynamo.reset()
-
-
 def _train_in_process(root: Path, *overrides: str) -> dict[str, Any]:
     cfg = compose("pretrain", [*GPU_SMOKE, f"paths.output_root={root}", *overrides])
     return run_or_exit(cfg, root / "out")

@@ -28,20 +28,6 @@ from omnibert.run.kernels import adamw_choice, kernel_choices
 SMOKE = ("experiment=smoke", "accelerator.threads=1")
 
 
-@pytest.fixture
-def fresh_dynamo():
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    dynamo_counts.SEEN.clear()
-    dynamo_counts.OPTIMIZER.clear()
-    yield
-    torch._dynamo.reset()
-    counters.clear()
-
-
 def test_compiled_training_compiles_once_and_never_recompiles(tmp_path, fresh_dynamo):
     """4 optimiser steps of 2 micro-batches, validation after step 3 and at the end. The
     backend is aot_eager: which frames compile and when is Dynamo's decision (guards on
