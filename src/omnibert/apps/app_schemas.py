@@ -76,15 +76,7 @@ def check_prepare(cfg: DictConfig) -> None:
     """Ranges of ``omnibert-prepare``'s keys (InstanceSettings checks the recipe's own)."""
     from omnibert.prepare.instances import InstanceSettings
 
-    settings = InstanceSettings(
-        max_seq_length=cfg.max_seq_length,
-        max_predictions_per_seq=cfg.max_predictions_per_seq,
-        masked_lm_prob=cfg.masked_lm_prob,
-        short_seq_prob=cfg.short_seq_prob,
-        dupe_factor=cfg.dupe_factor,
-        random_seed=cfg.random_seed,
-        do_whole_word_mask=cfg.do_whole_word_mask,
-    )
+    settings = InstanceSettings.from_config(cfg)
     try:
         settings.validate()
     except ValueError as err:

@@ -50,15 +50,7 @@ def run(cfg: DictConfig) -> None:
             f"{', '.join(missing)} must be set, e.g. omnibert-prepare input_files=[a.txt] "
             "vocab_file=vocab.txt output_dir=out"
         )
-    settings = InstanceSettings(
-        max_seq_length=cfg.max_seq_length,
-        max_predictions_per_seq=cfg.max_predictions_per_seq,
-        masked_lm_prob=cfg.masked_lm_prob,
-        short_seq_prob=cfg.short_seq_prob,
-        dupe_factor=cfg.dupe_factor,
-        random_seed=cfg.random_seed,
-        do_whole_word_mask=cfg.do_whole_word_mask,
-    )
+    settings = InstanceSettings.from_config(cfg)
     input_files = (
         OmegaConf.to_object(cfg.input_files)
         if OmegaConf.is_list(cfg.input_files)

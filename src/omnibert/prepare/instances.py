@@ -13,9 +13,11 @@ bounded by one file's instances.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +44,12 @@ class InstanceSettings:
     dupe_factor: int = 10
     random_seed: int = 12345
     do_whole_word_mask: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> InstanceSettings:
+        """The settings named by ``omnibert-prepare``'s keys of the same names (a config node
+        or any object with those attributes)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the key when the settings cannot work."""
