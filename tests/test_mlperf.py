@@ -162,9 +162,16 @@ def test_the_log_survives_a_library_that_reconfigures_logging(tmp_path):
     callback = MLPerfCompliance(tmp_path / "mlperf.log", target_accuracy=0.72,
                                 eval_every_samples=100, max_samples=None, submission=submission,
                                 hyperparameters={"seed": 1}, eval_samples=10)  # fmt: skip
-    logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
-    callback._interval("end", "init_stop")
-    callback._close()
+    registered = [x for x in logging.Logger.manager.loggerDict.values()
+                  if isinstance(x, logging.Logger)]  # fmt: skip
+    enabled = [x for x in registered if not x.disabled]
+    try:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
+        callback._interval("end", "init_stop")
+        callback._close()
+    finally:  # the other tests in this worker log through the loggers it disabled
+        for x in enabled:
+            x.disabled = False
     keys = [json.loads(x.removeprefix(":::MLLOG "))["key"]
             for x in (tmp_path / "mlperf.log").read_text().splitlines()]  # fmt: skip
     assert keys[:2] == ["cache_clear", "init_start"] and keys[-1] == "init_stop"
