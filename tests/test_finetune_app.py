@@ -18,25 +18,14 @@ from finetune_data import mrpc_file, squad_file
 
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
-from omnibert.convert import export_hf
 from omnibert.convert.checkpoints import load_pretrained
 from omnibert.errors import UserError
-from omnibert.models import BertConfig, BertForPreTraining
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64)  # fmt: skip
 FAST = ["task.epochs=1", "task.batch_size=8", "task.max_seq_length=32", "logger=none",
         "trainer.enable_progress_bar=false"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory, bert_vocab_file) -> Path:
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig(vocab_size=30522, **TINY))
-    out = tmp_path_factory.mktemp("tiny") / "hf"
-    export_hf(model, out, bert_vocab_file)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -163,6 +163,8 @@ class FinetuneDataNode:
     predict_test: bool = False
     cache_dir: Optional[str] = None  # noqa: UP045
     num_workers: int = 0
+    padding: str = "longest"
+    pad_to_multiple_of: int = 8
 
 
 @dataclass
@@ -196,6 +198,14 @@ class FinetuneConfig:
 def check_finetune(cfg: DictConfig) -> None:
     _at_least("micro_batch_size", cfg.micro_batch_size, 1)
     _at_least("data.num_workers", cfg.data.num_workers, 0)
+    _at_least("data.pad_to_multiple_of", cfg.data.pad_to_multiple_of, 1)
+    from omnibert.finetune.batching import PADDINGS
+
+    if cfg.data.padding not in PADDINGS:
+        raise AppConfigError(
+            f"data.padding={cfg.data.padding!r} is not one of {', '.join(PADDINGS)}: longest "
+            "cuts each batch to its longest row, max_length keeps task.max_seq_length."
+        )
 
 
 #: ConfigStore name -> schema; each config lists its schema first in its defaults

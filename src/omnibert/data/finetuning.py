@@ -1,5 +1,6 @@
 """The fine-tuning data module: training features (tensors of equal length) in a DataLoader
-whose order the run's seed fixes.
+whose order the run's seed fixes, each batch cut to its longest row by the run's collate
+(:class:`omnibert.finetune.batching.TrimPadding`, ``data.padding``).
 
 Like the pretraining data module it shards per rank itself (the trainer config's
 ``use_distributed_sampler: false`` holds for both): one process shuffles with a seeded
@@ -43,8 +44,10 @@ class FineTuneDataModule(pl.LightningDataModule):
         micro_batch_size: int,
         seed: int,
         num_workers: int = 0,
+        collate: Any = None,
     ) -> None:
         super().__init__()
+        self.collate = collate
         self.dataset = DictDataset(tensors)
         self.micro_batch_size = micro_batch_size
         self.seed = seed
@@ -72,6 +75,7 @@ class FineTuneDataModule(pl.LightningDataModule):
             batch_size=self.micro_batch_size,
             sampler=sampler,
             num_workers=self.num_workers,
+            collate_fn=self.collate,
             # a signal to the process group stops the run at its step, not a worker under it
             worker_init_fn=ignore_in_worker if self.num_workers else None,
         )

@@ -9,8 +9,10 @@
 
 Both take ``input_ids``, ``segment_ids`` and ``attention_mask`` ``[B,S]`` (1 real, 0 padding).
 The encoder's attention is block-diagonal over the mask: real tokens see real tokens only, as
-in Hugging Face; padding rows see padding only, so their outputs differ from Hugging Face's,
-which nobody reads (the QA losses and post-processing never look at padding).
+in Hugging Face; padding rows see padding only, so their outputs differ from Hugging Face's.
+Nobody reads them: the QA loss masks padding out of its softmax (Hugging Face's does not) and
+post-processing looks at context tokens only, so a batch's loss and answers do not depend on
+how far it is padded (:mod:`omnibert.finetune.batching`).
 The heads start from N(0, 0.02²) weights (``initializer_range``) and zero biases.
 """
 
@@ -68,8 +70,21 @@ class BertForQuestionAnswering(nn.Module):
         return start, end
 
     @staticmethod
-    def loss(start: Tensor, end: Tensor, start_positions: Tensor, end_positions: Tensor) -> Tensor:
-        """Mean of the start and end cross-entropies (Hugging Face's QA loss)."""
+    def loss(
+        start: Tensor,
+        end: Tensor,
+        start_positions: Tensor,
+        end_positions: Tensor,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Mean of the start and end cross-entropies (Hugging Face's QA loss), over the real
+        tokens of ``attention_mask`` when given: padding columns take no probability, so the
+        loss of a batch is the same whether it is padded to its longest row or to
+        ``max_seq_length`` (Hugging Face's softmax also spans the padding)."""
+        if attention_mask is not None:
+            padding = attention_mask == 0
+            start = start.masked_fill(padding, torch.finfo(start.dtype).min)
+            end = end.masked_fill(padding, torch.finfo(end.dtype).min)
         return (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
 
 

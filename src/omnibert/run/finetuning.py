@@ -289,6 +289,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     from omnibert.callbacks.stop import StopAtSafePoint
     from omnibert.compat import seed_everything
     from omnibert.data.finetuning import FineTuneDataModule
+    from omnibert.finetune.batching import TrimPadding
     from omnibert.run.checks import instantiate_node
     from omnibert.run.training import loggers_for
 
@@ -310,7 +311,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     new = prepared.loaded.load_into(task)
     datamodule = FineTuneDataModule(
         prepared.train_tensors, inputs.micro_batch_size, int(c["seed"]),
-        int(c["data"].get("num_workers") or 0),
+        int(c["data"].get("num_workers") or 0), TrimPadding.from_config(c["data"]),
     )  # fmt: skip
     nodes = c.get("callbacks") or {}
     callbacks = [instantiate_node(n) for n in nodes.values() if n is not None]
@@ -383,43 +384,86 @@ def fit(run: Run) -> dict[str, Any]:
     }
 
 
-def logits(task: Any, tensors: dict[str, Any], batch_size: int, autocast: Any = None) -> Any:
-    """The task's outputs over ``tensors`` in batches, as numpy (float32): SQuAD a pair of
-    ``[N,S]`` start/end arrays, classification ``[N,labels]``."""
+def logits(
+    task: Any,
+    tensors: dict[str, Any],
+    batch_size: int,
+    autocast: Any = None,
+    trim: Any = None,
+    progress: Any = None,
+) -> Any:
+    """The task's outputs over ``tensors`` as numpy (float32), in input order: SQuAD a pair of
+    ``[N,S]`` start/end arrays, classification ``[N,labels]``.
+
+    Rows run longest first in batches cut to their longest row (``trim``, a
+    :class:`~omnibert.finetune.batching.TrimPadding`; default: cut to a multiple of 8); the
+    columns a batch did not compute are ``-inf`` (padding: no answer starts or ends there).
+    ``progress(rows_done, rows)`` is called after each batch."""
     import contextlib
 
+    import numpy as np
     import torch
 
+    from omnibert.finetune.batching import TrimPadding, length_order
+
+    trim = trim if trim is not None else TrimPadding()
     task.eval()
     device = next(task.parameters()).device
-    n = int(tensors["input_ids"].shape[0])
-    outs: list[Any] = []
+    n, width = (int(x) for x in tensors["input_ids"].shape)
+    out: Any = None
+    done = 0
     with torch.no_grad(), autocast if autocast is not None else contextlib.nullcontext():
-        for start in range(0, n, batch_size):
-            batch = {k: v[start : start + batch_size].to(device) for k, v in tensors.items()}
-            out = task(batch)
-            outs.append(
-                tuple(o.float().cpu() for o in out) if isinstance(out, tuple) else out.float().cpu()
-            )
-    if outs and isinstance(outs[0], tuple):
-        return tuple(torch.cat(parts).numpy() for parts in zip(*outs, strict=True))
-    return torch.cat(outs).numpy()
+        for rows in length_order(tensors["attention_mask"], batch_size):
+            batch = trim.trim({k: v[rows] for k, v in tensors.items()})
+            result = task({k: v.to(device) for k, v in batch.items()})
+            parts = result if isinstance(result, tuple) else (result,)
+            arrays = [p.float().cpu().numpy() for p in parts]
+            if out is None:
+                out = [
+                    np.full((n, width), -np.inf, np.float32)
+                    if isinstance(result, tuple)
+                    else np.zeros((n, *a.shape[1:]), np.float32)
+                    for a in arrays
+                ]
+            index = rows.numpy()
+            for target, array in zip(out, arrays, strict=True):
+                target[index, : array.shape[1]] = array
+            done += len(index)
+            if progress is not None:
+                progress(done, n)
+    if out is None:  # no rows
+        return np.zeros((0, 1), np.float32)
+    return tuple(out) if len(out) > 1 else out[0]
 
 
 def predict_split(
-    data: Any, task: Any, dataset: Any, tokenizer: Any, recipe: dict[str, Any], autocast: Any
+    data: Any,
+    task: Any,
+    dataset: Any,
+    tokenizer: Any,
+    recipe: dict[str, Any],
+    autocast: Any,
+    trim: Any = None,
 ) -> list[Any]:
     """One prediction per example of ``dataset`` (the task's own post-processing)."""
-    return predict_outputs(data, task, dataset, tokenizer, recipe, autocast)[0]
+    return predict_outputs(data, task, dataset, tokenizer, recipe, autocast, trim)[0]
 
 
 def predict_outputs(
-    data: Any, task: Any, dataset: Any, tokenizer: Any, recipe: dict[str, Any], autocast: Any
+    data: Any,
+    task: Any,
+    dataset: Any,
+    tokenizer: Any,
+    recipe: dict[str, Any],
+    autocast: Any,
+    trim: Any = None,
+    progress: Any = None,
 ) -> tuple[list[Any], Any]:
     """:func:`predict_split`'s predictions and the head's outputs they came from (per
-    feature: SQuAD's ``(start, end)`` logits, GLUE's ``[N, num_labels]``)."""
+    feature: SQuAD's ``(start, end)`` logits, GLUE's ``[N, num_labels]``); ``trim`` and
+    ``progress`` as in :func:`logits`."""
     feats = data.features(dataset, tokenizer, recipe, training=False)
-    outputs = logits(task, feats.tensors, recipe["eval_batch_size"], autocast)
+    outputs = logits(task, feats.tensors, recipe["eval_batch_size"], autocast, trim, progress)
     return list(data.predict(dataset, feats, outputs, recipe)), outputs
 
 
@@ -444,18 +488,21 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     (submission files under ``submission/``)."""
     inputs = prepared.inputs
     data, recipe = inputs.data, inputs.recipe
+    from omnibert.finetune.batching import TrimPadding
+
     autocast = prepared.plugin.autocast(prepared.precision)
+    trim = TrimPadding.from_config(inputs.c["data"])
     metrics: dict[str, float] = {}
     files: dict[str, str] = {}
     several = len(inputs.evals) > 1
     for name, dataset in inputs.evals.items():
-        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast)
+        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast, trim)
         files[f"eval:{name}"] = str(data.write(run_dir / "eval", name, dataset, predicted))
         if data.has_labels(dataset):
             for key, value in data.scores(dataset, predicted).items():
                 metrics[f"{key}_{name}" if several else key] = value
     for name, dataset in inputs.tests.items():
-        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast)
+        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast, trim)
         files[f"test:{name}"] = str(data.write(run_dir / "submission", name, dataset, predicted))
     return {"metrics": metrics, "files": files}
 

@@ -238,14 +238,36 @@ def _softmax(row: Any) -> list[float]:
 
 
 def predict_records(
-    data: Any, task: Any, inputs: Inputs, tokenizer: Any, recipe: Mapping[str, Any], autocast: Any
+    data: Any,
+    task: Any,
+    inputs: Inputs,
+    tokenizer: Any,
+    recipe: Mapping[str, Any],
+    autocast: Any,
+    progress: bool | None = None,
 ) -> tuple[list[dict[str, Any]], list[Any]]:
     """One record per input (module docstring), and the task's own predictions (for its
-    metrics)."""
+    metrics). ``progress`` (None: for a file) shows the forward passes' progress over the
+    features: a bar on a terminal, lines in a log."""
+    from omnibert.logs import progress_bar
     from omnibert.run.finetuning import predict_outputs
 
     dataset = inputs.dataset
-    predictions, outputs = predict_outputs(data, task, dataset, tokenizer, dict(recipe), autocast)
+    show = inputs.from_file if progress is None else progress
+    bars: list[Any] = []  # made at the first batch, when the number of features is known
+
+    def advance(done: int, total: int) -> None:
+        if not bars:
+            bars.append(progress_bar(total, "omnibert-predict", "feature", show))
+        bars[0].update(done - bars[0].n)
+
+    try:
+        predictions, outputs = predict_outputs(
+            data, task, dataset, tokenizer, dict(recipe), autocast, progress=advance
+        )
+    finally:
+        for bar in bars:
+            bar.close()
     records: list[dict[str, Any]] = []
     if _is_squad(data):
         for qid, p in zip(dataset["id"], predictions, strict=True):

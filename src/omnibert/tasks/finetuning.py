@@ -149,7 +149,7 @@ class QuestionAnsweringTask(FineTuningTask):
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         start, end = self(batch)
         loss = BertForQuestionAnswering.loss(
-            start, end, batch["start_positions"], batch["end_positions"]
+            start, end, batch["start_positions"], batch["end_positions"], batch["attention_mask"]
         )
         return self._record(loss)
 
