@@ -18,7 +18,9 @@ task and seed, alternating which runs first, in this process (both frameworks im
 before any timing), same torch threads, fp32:
 
 * **omnibert**: ``omnibert-finetune``'s own steps (:func:`omnibert.run.finetuning.prepare`,
-  ``build``, ``fit``: read the files, tokenise, load MiniLM, train);
+  ``build``, ``fit``: read the files, tokenise, load MiniLM, train), with its default
+  ``data.padding=longest`` (each batch cut to its longest row; ``--omnibert-padding
+  max_length`` runs it at the Trainer side's static width);
 * **hf**: ``transformers.Trainer`` on ``BertForQuestionAnswering`` /
   ``BertForSequenceClassification`` from the same MiniLM directory, features made as
   ``run_qa.py`` / ``run_glue.py`` make them (fast tokenizer, ``stride`` windows,
@@ -111,7 +113,7 @@ def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, 
         f"model.init_from={MINILM}", f"paths.output_root={out}", f"seed={seed}",
         "logger=none", "trainer.enable_progress_bar=false", f"task.epochs={args.epochs}",
         f"task.lr={args.lr}", f"task.batch_size={args.batch}",
-        f"task.max_seq_length={args.seq_of[task]}",
+        f"task.max_seq_length={args.seq_of[task]}", f"data.padding={args.omnibert_padding}",
     ])  # fmt: skip
     start = time.perf_counter()
     prepared = prepare(cfg)
@@ -273,7 +275,8 @@ def trainer_mode(args: argparse.Namespace) -> None:
         setup = (
             f"{task} (MiniLM-L6, seq {args.seq_of[task]}, batch {args.batch}, {args.epochs} "
             f"epoch(s), LR {args.lr}, {len(args.seeds)} seeds, {args.threads} threads, cpu fp32, "
-            f"both padded to max_length; transformers {transformers.__version__})"
+            f"omnibert data.padding={args.omnibert_padding}, hf padding=max_length (run_qa.py / "
+            f"run_glue.py's default); transformers {transformers.__version__})"
         )
         print(
             f"{setup}: time to end of training omnibert {med['omnibert']:.1f} s, hf "
@@ -317,6 +320,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--squad-seq", type=int, default=384)
     parser.add_argument("--mrpc-seq", type=int, default=128)
+    parser.add_argument("--omnibert-padding", choices=["longest", "max_length"],
+                        default="longest",
+                        help="omnibert's data.padding (longest: its default, each batch cut to "
+                        "its longest row; max_length: the Trainer side's static width)")
     parser.add_argument("--squad-contexts", type=int, default=24, help="x 2 questions each")
     parser.add_argument("--mrpc-pairs", type=int, default=64)
     benchplot.add_arguments(parser)

@@ -67,9 +67,13 @@ def _jsonl(path: Path) -> list[dict]:
 
 def test_pairs_from_the_command_line_tsv_and_jsonl_agree_with_the_run(runs, tmp_path, capsys):
     run_dir, dev, summary = runs["mrpc"]
+    capsys.readouterr()
     result = _predict(f"ckpt={run_dir}", f"input_file={dev}", f"out={tmp_path / 'a.jsonl'}")
     records = _jsonl(tmp_path / "a.jsonl")
     assert len(records) == 12
+    # a file shows the forward passes' progress (lines: stdout is not a terminal here)
+    progress = [x for x in capsys.readouterr().out.splitlines() if "features" in x]
+    assert progress[0].startswith("omnibert-predict: ") and "12/12 features" in progress[-1]
     rows = (run_dir / "eval" / "validation.tsv").read_text().splitlines()[1:]
     names = ["not_equivalent", "equivalent"]
     assert [r["label"] for r in records] == [names[int(x.split("\t")[1])] for x in rows]
@@ -110,6 +114,16 @@ def test_one_sentence_and_a_score_from_the_command_line_and_jsonl(runs, tmp_path
     assert [r["label"] for r in records] == [names[int(x.split("\t")[1])] for x in eval_rows]
     one = _predict(f"ckpt={sst2_dir}", f"text='{split['sentence'][0]}'")
     assert one["label"] == records[0]["label"] and set(one["probabilities"]) == set(names)
+    parquet = next((sst2_dir.parent.parent / "glue" / "sst2").glob("val*"))  # the Hub's split
+    scored = _predict(f"ckpt={sst2_dir}", f"input_file={parquet}", f"out={tmp_path / 'p.jsonl'}")
+    assert [r["label"] for r in _jsonl(tmp_path / "p.jsonl")] == [r["label"] for r in records]
+    assert scored["accuracy"] == pytest.approx(  # labelled: its metric
+        sum(r["label"] == names[x] for r, x in zip(records, split["label"], strict=True)) / 10
+    )
+    with pytest.raises(UserError, match=re.escape("input_file=")):
+        _predict(f"ckpt={sst2_dir}",  # another task's Parquet (STS-B pairs): one sentence
+                 f"input_file={next((sst2_dir.parent.parent / 'glue' / 'stsb').glob('val*'))}",
+                 f"out={tmp_path / 'x.jsonl'}")  # fmt: skip
     stsb_dir, _, _ = runs["stsb"]
     scores = [float(x.split("\t")[1]) for x in
               (stsb_dir / "eval" / "validation.tsv").read_text().splitlines()[1:]]  # fmt: skip
@@ -139,6 +153,13 @@ def test_squad_v2_from_a_question_a_squad_file_and_jsonl(runs, tmp_path, capsys)
     again = _predict(f"ckpt={run_dir}", f"input_file={jsonl}", f"out={tmp_path / 'b.jsonl'}")
     assert "f1" not in again
     assert {r["id"]: r["answer"] for r in _jsonl(tmp_path / "b.jsonl")} == official
+    from omnibert.finetune.squad import SquadV2Data
+
+    parquet = tmp_path / "dev.parquet"  # the file in the Hub's columns (rajpurkar/squad_v2)
+    SquadV2Data().read_file(dev, "x").to_parquet(parquet)
+    third = _predict(f"ckpt={run_dir}", f"input_file={parquet}", f"out={tmp_path / 'c.jsonl'}")
+    assert {r["id"]: r["answer"] for r in _jsonl(tmp_path / "c.jsonl")} == official
+    assert third["f1"] == pytest.approx(summary["f1"])
     para = data[0]["paragraphs"][0]
     qa = para["qas"][0]
     capsys.readouterr()

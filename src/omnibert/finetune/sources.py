@@ -76,7 +76,7 @@ def load_split(
     file, key = file_for(data_cfg, role, name, first)
     cache_dir = data_cfg.get("cache_dir")
     if file is not None:
-        return _load_file(data, Path(str(file)), key, cache_dir), f"{key}={file}"
+        return load_file(data, Path(str(file)), key, cache_dir), f"{key}={file}"
     source = str(data_cfg.get("dataset") or data.hub)
     config, hub_split = data.config, split
     if "/" in split:
@@ -85,7 +85,7 @@ def load_split(
     return _load_dataset(data, source, config, hub_split, cache_dir, role, where), where
 
 
-def _load_file(data: TaskData, path: Path, key: str, cache_dir: Any) -> Any:
+def load_file(data: TaskData, path: Path, key: str, cache_dir: Any) -> Any:
     if path.is_dir():
         if not (path / "README.md").is_file() and not any(path.rglob("*.parquet")):
             raise FineTuneInputError(

@@ -5,13 +5,14 @@ the checkpoint's recipe), one JSON record per input.
 
 Inputs by the checkpoint's task:
 
-* SQuAD v1.1 / v2.0: ``question=`` + ``context=``, or ``input_file=`` a SQuAD JSON file or
-  JSON Lines with ``question``, ``context`` (and ``id``); a record is ``{"id", "answer",
-  "probability", "score", "start"}`` (+ ``"null_score_diff"`` for v2.0, whose ``answer`` is
+* SQuAD v1.1 / v2.0: ``question=`` + ``context=``, or ``input_file=`` a SQuAD JSON file,
+  JSON Lines with ``question``, ``context`` (and ``id``) or Parquet with the Hub's columns;
+  a record is ``{"id", "answer", "probability", "score", "start"}`` (+ ``"null_score_diff"`` for v2.0, whose ``answer`` is
   ``""`` when the null answer wins);
 * GLUE (one sentence: SST-2, CoLA; pairs: MRPC, QQP, STS-B, MNLI, ...): ``text=`` (+
   ``text_pair=`` for a pair task), or ``input_file=`` the task's GLUE TSV, a TSV whose header
-  names the task's columns (or ``text``/``text_pair``), or JSON Lines with those keys; a record
+  names the task's columns (or ``text``/``text_pair``), JSON Lines with those keys, or Parquet
+  with the Hub's columns (``nyu-mll/glue``'s split files); a record
   is ``{"index", "label", "probability", "probabilities"}`` with the task's label names, or
   ``{"index", "score"}`` for a regression task (STS-B).
 
@@ -219,6 +220,17 @@ def _glue_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
         return Inputs(_text_dataset(data, texts), True, False)
 
 
+def _parquet_inputs(path: Path, data: Any) -> Inputs:
+    """A Parquet file with the task's Hub columns (a split as ``datasets`` writes it)."""
+    from omnibert.finetune.sources import load_file
+
+    dataset = load_file(data, path, "input_file", None)
+    data.check(dataset, f"input_file={path}", labelled=False)
+    if len(dataset) == 0:
+        raise FineTuneInputError(f"input_file={path} holds no rows; pass a non-empty file.")
+    return Inputs(dataset, True, data.has_labels(dataset))
+
+
 def read_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
     """The inputs to predict, from the command line or ``input_file``."""
     single = any(cfg.get(k) is not None for k in ("question", "context", *ALIASES))
@@ -227,6 +239,9 @@ def read_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
             "pass either one input on the command line (question=/context= or text=/text_pair=) "
             "or input_file=, not both."
         )
+    file = Path(str(cfg.get("input_file") or ""))
+    if cfg.get("input_file") and file.suffix == ".parquet" and file.is_file():
+        return _parquet_inputs(file, data)
     return _squad_inputs(cfg, data) if _is_squad(data) else _glue_inputs(cfg, data)
 
 
