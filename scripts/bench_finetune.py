@@ -320,10 +320,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--squad-seq", type=int, default=384)
     parser.add_argument("--mrpc-seq", type=int, default=128)
-    parser.add_argument("--omnibert-padding", choices=["longest", "max_length"],
-                        default="longest",
-                        help="omnibert's data.padding (longest: its default, each batch cut to "
-                        "its longest row; max_length: the Trainer side's static width)")
+    parser.add_argument(
+        "--omnibert-padding",
+        choices=["longest", "max_length"],
+        default="longest",
+        help="omnibert's data.padding (longest: its default, each batch cut to "
+        "its longest row; max_length: the Trainer side's static width)",
+    )
     parser.add_argument("--squad-contexts", type=int, default=24, help="x 2 questions each")
     parser.add_argument("--mrpc-pairs", type=int, default=64)
     benchplot.add_arguments(parser)
