@@ -216,11 +216,11 @@ class _HFAsTask(torch.nn.Module):
 def metric(task: str, model: Any, prepared: Any) -> float:
     """SQuAD F1 / MRPC accuracy of ``model`` (an omnibert task or :class:`_HFAsTask`) by
     omnibert's own evaluation of the eval file (its features and post-processing)."""
-    from omnibert.run.finetuning import predict_split
+    from omnibert.run.finetuning import predict_outputs
 
     inputs = prepared.inputs
     dataset = inputs.evals["validation"]
-    found = predict_split(inputs.data, model, dataset, prepared.tokenizer, inputs.recipe, None)
+    found, _ = predict_outputs(inputs.data, model, dataset, prepared.tokenizer, inputs.recipe, None)
     return float(inputs.data.scores(dataset, found)["f1" if task == "squad" else "accuracy"])
 
 

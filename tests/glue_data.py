@@ -167,8 +167,11 @@ def hub_glue_dir(root: Path, tasks: list[str], train: int = 24, evaluation: int 
     return root
 
 
-def hub_squad_dir(root: Path, train: int = 20, evaluation: int = 8, seed: int = 1) -> Path:
-    """``root`` in ``rajpurkar/squad``'s layout (config ``plain_text``)."""
+def hub_squad_dir(root: Path, train: int = 20, evaluation: int = 8, seed: int = 1,
+                  version_2: bool = False) -> Path:  # fmt: skip
+    """``root`` in ``rajpurkar/squad``'s layout (config ``plain_text``), or with ``version_2``
+    ``rajpurkar/squad_v2``'s (config ``squad_v2``; one unanswerable question per context,
+    its ``answers`` empty)."""
     import datasets
 
     _quiet()
@@ -182,16 +185,18 @@ def hub_squad_dir(root: Path, train: int = 20, evaluation: int = 8, seed: int = 
                                       "answer_start": datasets.Value("int32")}),
     })  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
+    config = "squad_v2" if version_2 else "plain_text"
     files = []
     for split, count, offset in (("train", train, 0), ("validation", evaluation, 1)):
-        raw = squad_file(root / f"{split}.json", count, seed=seed + offset, facts=2)
+        raw = squad_file(root / f"{split}.json", count, seed=seed + offset, facts=2,
+                         unanswerable=int(version_2))  # fmt: skip
         data = json.loads(raw.read_text())["data"]
         raw.unlink()
         ds = datasets.Dataset.from_dict(squad_json_columns(data), features=features)
-        path = root / "plain_text" / f"{split}-00000-of-00001.parquet"
+        path = root / config / f"{split}-00000-of-00001.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         ds.to_parquet(str(path))
-        files.append({"split": split, "path": f"plain_text/{split}-*"})
-    front = _yaml({"configs": [{"config_name": "plain_text", "data_files": files}]})
+        files.append({"split": split, "path": f"{config}/{split}-*"})
+    front = _yaml({"configs": [{"config_name": config, "data_files": files}]})
     (root / "README.md").write_text(f"---\n{front}---\n# SQuAD fixture\n")
     return root

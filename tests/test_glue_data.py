@@ -185,3 +185,20 @@ def test_squad_loads_the_same_rows_from_the_hub_layout_and_the_official_json(tmp
     for ex in examples:  # every answer_start points at its text in the context
         text, start = ex.answers[0]
         assert ex.context[start : start + len(text)] == text
+
+
+def test_squad_v2_loads_its_hub_layout_with_the_unanswerable_questions(tmp_path):
+    from glue_data import hub_squad_dir
+
+    root = hub_squad_dir(tmp_path / "squad_v2", train=6, evaluation=4, seed=3, version_2=True)
+    hub = _inputs(tmp_path, "task=squad_v2", f"data.dataset={root}")
+    assert hub.where["train"] == f"{root} (squad_v2, split train)"
+    assert hub.where["eval:validation"] == f"{root} (squad_v2, split validation)"
+    assert len(hub.train) == 18 and len(hub.evals["validation"]) == 12  # 3 questions a context
+    empty = [a for a in hub.train["answers"] if not a["text"]]
+    assert len(empty) == 6 and all(a["answer_start"] == [] for a in empty)
+    examples = hub.data.examples(hub.train, "train", training=True)
+    assert sum(not ex.answers for ex in examples) == 6
+    with pytest.raises(FineTuneInputError, match=r"has no answer.*use task=squad_v2"):
+        squad = _inputs(tmp_path, "task=squad", f"data.dataset={root}", "task.data.config=squad_v2")
+        squad.data.examples(squad.train, "train", training=True)

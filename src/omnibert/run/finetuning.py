@@ -436,19 +436,6 @@ def logits(
     return tuple(out) if len(out) > 1 else out[0]
 
 
-def predict_split(
-    data: Any,
-    task: Any,
-    dataset: Any,
-    tokenizer: Any,
-    recipe: dict[str, Any],
-    autocast: Any,
-    trim: Any = None,
-) -> list[Any]:
-    """One prediction per example of ``dataset`` (the task's own post-processing)."""
-    return predict_outputs(data, task, dataset, tokenizer, recipe, autocast, trim)[0]
-
-
 def predict_outputs(
     data: Any,
     task: Any,
@@ -459,9 +446,9 @@ def predict_outputs(
     trim: Any = None,
     progress: Any = None,
 ) -> tuple[list[Any], Any]:
-    """:func:`predict_split`'s predictions and the head's outputs they came from (per
-    feature: SQuAD's ``(start, end)`` logits, GLUE's ``[N, num_labels]``); ``trim`` and
-    ``progress`` as in :func:`logits`."""
+    """One prediction per example of ``dataset`` (the task's own post-processing) and the
+    head's outputs they came from (per feature: SQuAD's ``(start, end)`` logits, GLUE's
+    ``[N, num_labels]``); ``trim`` and ``progress`` as in :func:`logits`."""
     feats = data.features(dataset, tokenizer, recipe, training=False)
     outputs = logits(task, feats.tensors, recipe["eval_batch_size"], autocast, trim, progress)
     return list(data.predict(dataset, feats, outputs, recipe)), outputs
@@ -496,13 +483,17 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     files: dict[str, str] = {}
     several = len(inputs.evals) > 1
     for name, dataset in inputs.evals.items():
-        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast, trim)
+        predicted, _ = predict_outputs(
+            data, task, dataset, prepared.tokenizer, recipe, autocast, trim
+        )
         files[f"eval:{name}"] = str(data.write(run_dir / "eval", name, dataset, predicted))
         if data.has_labels(dataset):
             for key, value in data.scores(dataset, predicted).items():
                 metrics[f"{key}_{name}" if several else key] = value
     for name, dataset in inputs.tests.items():
-        predicted = predict_split(data, task, dataset, prepared.tokenizer, recipe, autocast, trim)
+        predicted, _ = predict_outputs(
+            data, task, dataset, prepared.tokenizer, recipe, autocast, trim
+        )
         files[f"test:{name}"] = str(data.write(run_dir / "submission", name, dataset, predicted))
     return {"metrics": metrics, "files": files}
 
