@@ -224,6 +224,29 @@ def metric(task: str, model: Any, prepared: Any) -> float:
     return float(inputs.data.scores(dataset, found)["f1" if task == "squad" else "accuracy"])
 
 
+def metric_headline(
+    rates: dict[str, list[float]], ratios: list[float], metric: str, scores: dict[str, list[float]]
+) -> str:
+    """The record's headline: the median speed ratio and the median metric of each side."""
+    med = {w: statistics.median(v) for w, v in scores.items()}
+    return (
+        f"omnibert {statistics.median(rates['omnibert']):.1f}, hf "
+        f"{statistics.median(rates['hf']):.1f} training examples/s: median ratio "
+        f"{statistics.median(ratios):.2f}x (per seed {min(ratios):.2f}-{max(ratios):.2f}x); "
+        f"median {metric} omnibert {med['omnibert']:.3f}, hf {med['hf']:.3f}"
+    )
+
+
+def metric_note(seeds: list[int], metric: str, scores: dict[str, list[float]]) -> str:
+    """Each seed's metric on both sides (one evaluation: omnibert's features and
+    post-processing for both models)."""
+    pairs = ", ".join(
+        f"seed {s}: {o:.3f} / {h:.3f}"
+        for s, o, h in zip(seeds, scores["omnibert"], scores["hf"], strict=True)
+    )
+    return f"{metric} omnibert / hf per seed: {pairs}"
+
+
 def trainer_mode(args: argparse.Namespace) -> None:
     import tempfile
 
@@ -295,6 +318,8 @@ def trainer_mode(args: argparse.Namespace) -> None:
             extra={"seconds": seconds, "metric": name[task], "scores": scores},
             unit="training examples/s",
             peer="hf",
+            headline=metric_headline(rates, ratios, name[task], scores),
+            notes=[metric_note(args.seeds, name[task], scores)],
         )
 
 

@@ -71,10 +71,11 @@ class Size:
     max_steps: int
 
 
-#: Turc et al. 2019's miniatures (tiny L2-H128, mini L4-H256, small L4-H512). Targets and
-#: LAMB learning rates were chosen on the demo data so that both sides reach the target well
-#: inside the step budget at 32 sequences a step (the mini at LR 1e-2 stays at the unigram
-#: guess for 1,000 steps; see the README).
+#: Turc et al. 2019's miniatures (tiny L2-H128, mini L4-H256, small L4-H512), each with a
+#: target and LAMB learning rate for the demo data at 32 sequences a step. tiny and mini were
+#: measured to reach 0.10 on both sides at step ~250 of 1,000 (docs/pretraining/mlperf.md;
+#: the mini at LR 1e-2 stays at the unigram guess for 1,000 steps); small's LR 2e-3 has not
+#: been run to its target yet.
 SIZES = {
     "tiny": Size(2, 128, 2, 512, target=0.10, lr=1e-2, warmup=50, max_steps=1000),
     "mini": Size(4, 256, 4, 1024, target=0.10, lr=4e-3, warmup=100, max_steps=1000),
