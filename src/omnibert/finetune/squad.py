@@ -454,11 +454,22 @@ def examples_from_rows(
     return examples
 
 
+def official_rows(dataset: Any) -> list[dict[str, Any]]:
+    """A split's questions and answers in the official JSON's ``data`` shape (one paragraph
+    holding every question), as the evaluate scripts read it."""
+    return [{"paragraphs": [{"qas": [
+        {"id": str(i), "answers": [{"text": t} for t in a["text"]]}
+        for i, a in zip(dataset["id"], dataset["answers"], strict=True)
+    ]}]}]  # fmt: skip
+
+
 class SquadData(TaskData):
     """SQuAD v1.1 through ``datasets`` (``rajpurkar/squad`` or the official JSON): windows,
     the n-best span per question, the official EM/F1 and ``predictions.json``."""
 
     COLUMNS = ("id", "context", "question", "answers")
+    #: SQuAD v2.0's null answer in post-processing (:func:`best_answers`)
+    version_2 = False
 
     def __init__(self, task: str = "squad", hub: str = "rajpurkar/squad", **kwargs: Any) -> None:
         kwargs.setdefault("benchmark", "squad")
@@ -506,19 +517,19 @@ class SquadData(TaskData):
         examples, feats = features.extra
         start, end = outputs
         best = best_answers(
-            examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"]
-        )
+            examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"],
+            version_2=self.version_2,
+            null_score_diff_threshold=float(recipe.get("null_score_diff_threshold") or 0.0),
+        )  # fmt: skip
         return [best[e.qid] for e in examples]
 
     def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
         from omnibert.finetune.squad_metric import squad_scores
 
-        data = [{"paragraphs": [{"qas": [
-            {"id": str(i), "answers": [{"text": t} for t in a["text"]]}
-            for i, a in zip(dataset["id"], dataset["answers"], strict=True)
-        ]}]}]  # fmt: skip
         ids = [str(i) for i in dataset["id"]]
-        result = squad_scores(data, {i: p.text for i, p in zip(ids, predictions, strict=True)})
+        result = squad_scores(
+            official_rows(dataset), {i: p.text for i, p in zip(ids, predictions, strict=True)}
+        )
         return {"exact_match": result["exact_match"], "f1": result["f1"]}
 
     def write(self, directory: Path, name: str, dataset: Any, predictions: Sequence[Any]) -> Path:
@@ -537,6 +548,8 @@ class SquadV2Data(SquadData):
     ``HasAns_*``, ``NoAns_*``, ``best_*`` and their thresholds); ``predictions.json`` and
     ``null_odds.json`` (evaluate-v2.0's ``--na-prob-file``)."""
 
+    version_2 = True
+
     def __init__(
         self, task: str = "squad_v2", hub: str = "rajpurkar/squad_v2", **kwargs: Any
     ) -> None:
@@ -551,25 +564,10 @@ class SquadV2Data(SquadData):
     def examples(self, dataset: Any, where: str, training: bool) -> list[SquadExample]:
         return examples_from_rows(dataset, where, training, unanswerable=True)
 
-    def predict(
-        self, dataset: Any, features: Features, outputs: Any, recipe: Mapping[str, Any]
-    ) -> list[Any]:
-        examples, feats = features.extra
-        start, end = outputs
-        best = best_answers(
-            examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"],
-            version_2=True,
-            null_score_diff_threshold=float(recipe.get("null_score_diff_threshold", 0.0)),
-        )  # fmt: skip
-        return [best[e.qid] for e in examples]
-
     def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
         from omnibert.finetune.squad_v2_metric import squad_v2_scores
 
-        rows = [{"paragraphs": [{"qas": [
-            {"id": str(i), "answers": [{"text": t} for t in a["text"]]}
-            for i, a in zip(dataset["id"], dataset["answers"], strict=True)
-        ]}]}]  # fmt: skip
+        rows = official_rows(dataset)
         ids = [str(i) for i in dataset["id"]]
         by_id = dict(zip(ids, predictions, strict=True))
         result = squad_v2_scores(
