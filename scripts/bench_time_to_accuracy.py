@@ -73,9 +73,9 @@ class Size:
 
 #: Turc et al. 2019's miniatures (tiny L2-H128, mini L4-H256, small L4-H512), each with a
 #: target and LAMB learning rate for the demo data at 32 sequences a step. tiny and mini were
-#: measured to reach 0.10 on both sides at step ~250 of 1,000 (docs/pretraining/mlperf.md;
-#: the mini at LR 1e-2 stays at the unigram guess for 1,000 steps); small's LR 2e-3 has not
-#: been run to its target yet.
+#: measured to reach 0.10 on both sides at step ~250 of 1,000, small at step ~200
+#: (docs/pretraining/mlperf.md; the mini at LR 1e-2 stays at the unigram guess for 1,000
+#: steps).
 SIZES = {
     "tiny": Size(2, 128, 2, 512, target=0.10, lr=1e-2, warmup=50, max_steps=1000),
     "mini": Size(4, 256, 4, 1024, target=0.10, lr=4e-3, warmup=100, max_steps=1000),
