@@ -265,9 +265,14 @@ def trainer_mode(args: argparse.Namespace) -> None:
         "squad": (squad_file(tmp / "train.json", args.squad_contexts, 1, facts=2),
                   squad_file(tmp / "dev.json", 20, 2, facts=2)),
         "mrpc": (mrpc_file(tmp / "train.tsv", args.mrpc_pairs, 1),
-                 mrpc_file(tmp / "dev.tsv", 60, 2)),
+                 mrpc_file(tmp / "dev.tsv", args.mrpc_dev_pairs, 2)),
     }  # fmt: skip
     name = {"squad": "SQuAD F1", "mrpc": "MRPC accuracy"}
+    train_size = {
+        "squad": f"{2 * args.squad_contexts} questions",
+        "mrpc": f"{args.mrpc_pairs} pairs",
+    }
+    dev_size = {"squad": "40 questions", "mrpc": f"{args.mrpc_dev_pairs} pairs"}
     for task in args.tasks:
         rates: dict[str, list[float]] = {"omnibert": [], "hf": []}
         seconds: dict[str, list[float]] = {"omnibert": [], "hf": []}
@@ -299,6 +304,7 @@ def trainer_mode(args: argparse.Namespace) -> None:
         setup = (
             f"{task} (MiniLM-L6, seq {args.seq_of[task]}, batch {args.batch}, {args.epochs} "
             f"epoch(s), LR {args.lr}, {len(args.seeds)} seeds, {args.threads} threads, cpu fp32, "
+            f"{train_size[task]} training / {dev_size[task]} dev examples, "
             f"omnibert data.padding={args.omnibert_padding}, hf padding=max_length (run_qa.py / "
             f"run_glue.py's default); transformers {transformers.__version__})"
         )
@@ -355,6 +361,7 @@ def main() -> None:
     )
     parser.add_argument("--squad-contexts", type=int, default=24, help="x 2 questions each")
     parser.add_argument("--mrpc-pairs", type=int, default=64)
+    parser.add_argument("--mrpc-dev-pairs", type=int, default=60, help="MRPC pairs evaluated")
     benchplot.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -43,6 +43,21 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[0] not in ("Z", "X")  # a zombie has exited
 
 
+def _signal_disposition(pid: int, signum: int) -> str:
+    """What ``pid`` does with ``signum``, from the kernel's masks in /proc/<pid>/status:
+    "ignored", "caught" (a handler: Python's, which a forked worker inherits from the run) or
+    "default"."""
+    masks = dict(
+        line.split(":\t", 1)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith(("SigIgn", "SigCgt"))
+    )
+    bit = 1 << (signum - 1)
+    if int(masks["SigIgn"], 16) & bit:
+        return "ignored"
+    return "caught" if int(masks["SigCgt"], 16) & bit else "default"
+
+
 def _wait_for(predicate, timeout: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -125,6 +140,11 @@ def test_a_worker_killed_from_outside_stops_the_run_in_one_line(
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     with _busy_with_two_workers(command, log) as (run, workers):
+        # once a worker's initializer has run (SIGINT ignored is its last change), SIGTERM
+        # must be the default: what lets the broken pool end the other worker at once
+        for pid in workers:
+            assert _wait_for(lambda p=pid: _signal_disposition(p, signal.SIGINT) == "ignored")
+            assert _signal_disposition(pid, signal.SIGTERM) == "default", pid
         os.kill(min(workers), signal.SIGKILL)  # as the out-of-memory killer would
         assert run.wait(timeout=120) == 2, log.read_text()
         assert _wait_for(lambda: not any(_alive(pid) for pid in workers))

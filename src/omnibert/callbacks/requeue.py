@@ -22,7 +22,8 @@ from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
+
+from omnibert.callbacks.stop import SignalAtStepEnd
 
 __all__ = ["RESUME_FILE", "CheckpointOnSignal", "submitit_signal"]
 
@@ -44,37 +45,30 @@ def submitit_signal() -> int | None:
         return None
 
 
-class CheckpointOnSignal(pl.Callback):
+class CheckpointOnSignal(SignalAtStepEnd):
     """See the module docstring."""
 
     def __init__(self) -> None:
         super().__init__()
         self.signum = submitit_signal()
-        self._previous: Any = None
         self._pending: tuple[int, FrameType | None] | None = None
-        self._step = -1
         self.saved: str | None = None
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self._pending = (signum, frame)
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._step = trainer.global_step
-        if self.signum is not None:
-            self._previous = signal.signal(self.signum, self._note)
+    def install(self, trainer: pl.Trainer) -> tuple[int, Any] | None:
+        if self.signum is None:
+            return None
+        return self.signum, signal.signal(self.signum, self._note)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:  # fmt: skip
-        if self.signum is None or trainer.global_step == self._step:
+        if self.signum is None or not self.stepped(trainer):
             return  # outside submitit, or inside an accumulation group
-        self._step = trainer.global_step
-        pending = self._pending is not None
-        if trainer.world_size > 1:
-            flag = torch.tensor(float(pending), device=pl_module.device)
-            pending = bool(trainer.strategy.reduce(flag, reduce_op="max") > 0)
-        if not pending:
+        if not self.any_rank(trainer, pl_module, int(self._pending is not None)):
             return
         checkpointing: Any = trainer.checkpoint_callback
         dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
@@ -87,20 +81,7 @@ class CheckpointOnSignal(pl.Callback):
             (path.parent / RESUME_FILE).write_text(json.dumps(note) + "\n")
         self.saved = str(path)
         signum, frame = self._pending or (self.signum, None)
-        self._restore()
+        self.restore()
         handler = signal.getsignal(signum)
         if callable(handler):
             handler(signum, frame)  # submitit: requeue (rank 0) and exit
-
-    def _restore(self) -> None:
-        if self.signum is not None and self._previous is not None:
-            signal.signal(self.signum, self._previous)
-            self._previous = None
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore()
-
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self._restore()

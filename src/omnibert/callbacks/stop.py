@@ -29,36 +29,80 @@ import torch
 
 from omnibert import stopping
 
-__all__ = ["StopAtSafePoint"]
+__all__ = ["SignalAtStepEnd", "StopAtSafePoint"]
 
 
-class StopAtSafePoint(pl.Callback):
+class SignalAtStepEnd(pl.Callback):
+    """What both signal callbacks share: a handler of their own on one signal while Lightning
+    fits (the one it replaced is put back when training ends or fails), and a look after each
+    optimiser step (:meth:`stepped`) whose answer every rank shares (:meth:`any_rank`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._step = -1
+        self._replaced: tuple[int, Any] | None = None  # (signal, the handler it had)
+
+    def install(self, trainer: pl.Trainer) -> tuple[int, Any] | None:
+        """The (signal, handler) to take over while fitting, or None."""
+        raise NotImplementedError
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._step = trainer.global_step
+        self._replaced = self.install(trainer)
+
+    def stepped(self, trainer: pl.Trainer) -> bool:
+        """Whether an optimiser step ended with this micro-batch (not inside an accumulation
+        group)."""
+        if trainer.global_step == self._step:
+            return False
+        self._step = trainer.global_step
+        return True
+
+    @staticmethod
+    def any_rank(trainer: pl.Trainer, pl_module: pl.LightningModule, value: int) -> int:
+        """The largest ``value`` of any process (one all-reduce, only when there are several)."""
+        if trainer.world_size <= 1:
+            return value
+        flag = torch.tensor(float(value), device=pl_module.device)
+        return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+
+    def restore(self) -> None:
+        if self._replaced is not None:
+            signum, handler = self._replaced
+            self._replaced = None
+            if handler is not None:  # None: one not set from Python, which cannot be put back
+                signal.signal(signum, handler)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.restore()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.restore()
+
+
+class StopAtSafePoint(SignalAtStepEnd):
     """See the module docstring. ``hint`` ends the stop line (``None``: ``resume with
     ckpt_path=last`` when a checkpoint was written, else nothing)."""
 
     def __init__(self, hint: str | None = None) -> None:
         super().__init__()
         self.hint = hint
-        self._step = -1
-        self._replaced: Any = None
         self.checkpoint: str | None = None
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._step = trainer.global_step
-        if stopping.handles(signal.SIGTERM):
-            self._replaced = stopping.install(signal.SIGTERM)
+    def install(self, trainer: pl.Trainer) -> tuple[int, Any] | None:
+        if not stopping.handles(signal.SIGTERM):
+            return None
+        return signal.SIGTERM, stopping.install(signal.SIGTERM)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:  # fmt: skip
-        if trainer.global_step == self._step:
-            return  # inside an accumulation group: no optimiser step yet
-        self._step = trainer.global_step
-        signum = stopping.pending() or 0
-        if trainer.world_size > 1:
-            flag = torch.tensor(float(signum), device=pl_module.device)
-            signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if not self.stepped(trainer):
+            return
+        signum = self.any_rank(trainer, pl_module, stopping.pending() or 0)
         if not signum:
             return
         checkpointing: Any = trainer.checkpoint_callback
@@ -77,16 +121,3 @@ class StopAtSafePoint(pl.Callback):
         if hint is None:
             hint = "resume with ckpt_path=last" if self.checkpoint else ""
         raise stopping.Stopped(signum, f" at step {trainer.global_step}", hint)
-
-    def _restore(self) -> None:
-        if self._replaced is not None:
-            signal.signal(signal.SIGTERM, self._replaced)
-            self._replaced = None
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore()
-
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self._restore()

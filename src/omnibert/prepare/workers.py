@@ -206,10 +206,14 @@ def die_with_parent(parent_pid: int) -> None:
     """Worker initializer: end this process as soon as ``parent_pid`` (the run) is gone.
 
     SIGINT is ignored (a Ctrl-C to the process group would print a ``KeyboardInterrupt``
-    traceback per worker; the run stops and ends its workers). SIGTERM keeps its default:
-    the pool itself ends workers with SIGTERM when it breaks, and a worker killed by it
-    prints nothing, while the run stops on the same signal (:mod:`omnibert.stopping`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    traceback per worker; the run stops and ends its workers). SIGTERM gets its default
+    back: the pool itself ends workers with SIGTERM when it breaks (a worker killed from
+    outside), and a worker killed by it prints nothing, while the run stops on the same
+    signal (:mod:`omnibert.stopping`). A forked worker would otherwise keep the run's Python
+    handler, which ignores the signal in any other process, and the broken pool would wait
+    for it to finish its whole file."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # last: a test waits for it
     if sys.platform.startswith("linux"):
         import ctypes
 

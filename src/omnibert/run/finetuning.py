@@ -454,22 +454,6 @@ def predict_outputs(
     return list(data.predict(dataset, feats, outputs, recipe)), outputs
 
 
-def predict_squad(
-    task: Any, examples: list[Any], tokenizer: Any, recipe: dict[str, Any], autocast: Any = None
-) -> dict[str, Any]:
-    """Question id -> :class:`~omnibert.finetune.squad.Prediction` for SQuAD examples."""
-    from omnibert.finetune.squad import best_answers, squad_features
-
-    feats = squad_features(
-        examples, tokenizer, recipe["max_seq_length"], recipe["doc_stride"],
-        recipe["max_query_length"],
-    )  # fmt: skip
-    start, end = logits(task, feats.tensors(False), recipe["eval_batch_size"], autocast)
-    return best_answers(
-        examples, feats, start, end, recipe["n_best_size"], recipe["max_answer_length"]
-    )
-
-
 def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     """Predictions on every eval split (metrics, files under ``eval/``) and test split
     (submission files under ``submission/``)."""

@@ -107,9 +107,14 @@ def choose_micro_batch(
         )
     size = _largest(per_device, min(fits, max_rows), packed)
     need = fixed + size * per_row
+    rule = (
+        f"packed rows, at most the per-device batch of {per_device} (the plan rounds them)"
+        if packed
+        else f"divides the per-device batch of {per_device}"
+    )
     return MicroBatchChoice(
-        size, f"the largest that fits {where} (estimate {_gib(need)}) and divides "
-        f"the per-device batch of {per_device}", **facts,
+        size, f"the largest that fits {where} (estimate {_gib(need)} at {size}) and {rule}",
+        **facts,
     )  # fmt: skip
 
 
