@@ -17,15 +17,21 @@ import triton.language as tl
 
 @triton.jit
 def _load(ptr_table, t, offs, mask, code):
-    """Elements ``offs`` of tensor ``t`` whose address and dtype code are in the table."""
+    """Elements ``offs`` of tensor ``t`` whose address and dtype code are in the table, as fp32.
+
+    ``code`` is a run-time value, so every branch must yield the same type: each widens its
+    load to fp32 itself (a compiled kernel refuses a variable that is bf16 in one branch and
+    fp32 in another; the interpreter never checks)."""
     addr = tl.load(ptr_table + t)
     if code == 1:
         x = tl.load(addr.to(tl.pointer_type(tl.bfloat16)) + offs, mask=mask, other=0.0)
+        x = x.to(tl.float32)
     elif code == 2:
         x = tl.load(addr.to(tl.pointer_type(tl.float16)) + offs, mask=mask, other=0.0)
+        x = x.to(tl.float32)
     else:
         x = tl.load(addr.to(tl.pointer_type(tl.float32)) + offs, mask=mask, other=0.0)
-    return x.to(tl.float32)
+    return x
 
 
 @triton.jit
