@@ -3,7 +3,7 @@
 Every backend that runs on the CPU computes the reference's maths in fp32 to 1e-5, forward and
 gradients, on packed and unpacked rows, with and without all-padding rows; the whole
 ``BertForPreTraining`` loss and gradients too. The ``gpu``-marked twins run the same checks on
-CUDA in bf16 tolerances (deselected where no GPU is).
+CUDA in bf16 tolerances (deselected where no GPU is); their rows and model also run here.
 """
 
 from __future__ import annotations
@@ -275,6 +275,35 @@ def test_varlen_compiles_with_one_recompile_then_none_as_t_changes() -> None:
 
 # ------------------------------------------------------------------------------------ CUDA
 BF16 = {"rtol": 2e-2, "atol": 2e-2}
+#: the CUDA test's rows: phase 1's 128 tokens (the first row fills all of them, so its
+#: positions run to 127), and the model those positions need
+CUDA_SEQ = 128
+CUDA_MODEL = TINY.replace(max_position_embeddings=CUDA_SEQ)
+
+
+@pytest.mark.parametrize("padding_rows", [False, True], ids=["full-rows", "padding-rows"])
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_the_cuda_tests_rows_and_model_run_on_the_cpu(packed: bool, padding_rows: bool) -> None:
+    """The inputs and model config of ``test_cuda_bf16_pretraining_equals_the_math_reference``
+    (same shapes, same ids) through the CPU path in fp32, so that an id or a position out of
+    the model's range fails here (on CUDA it is a device-side assert that poisons the context
+    for every later test): math, sdpa and varlen (its CPU buckets) forward and backward, flex
+    forward. CUDA-only, checked by the ``gpu`` test alone: bf16 autocast, flex's backward
+    (FlexAttention has no backward on the CPU), varlen's flash ``varlen_attn`` kernel (CUDA
+    with bf16/fp16 only; on the CPU varlen runs SDPA over length buckets)."""
+    batch = batch_of(packed, padding_rows, seq=CUDA_SEQ)
+    assert int(batch["position_ids"].max()) < CUDA_MODEL.max_position_embeddings
+    assert int(batch["input_ids"].max()) < CUDA_MODEL.vocab_size
+    reference = loss_and_grads(model_of("math", CUDA_MODEL), batch)
+    for backend in CPU_TRAINING:
+        assert_same_pretraining(
+            loss_and_grads(model_of(backend, CUDA_MODEL), batch), reference, FP32
+        )
+    with torch.no_grad():
+        flex = model_of("flex", CUDA_MODEL).eval()(batch)
+        math = model_of("math", CUDA_MODEL).eval()(batch)
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct"):
+        torch.testing.assert_close(flex[key], math[key], **FP32, msg=key)
 
 
 @pytest.mark.gpu
@@ -284,13 +313,14 @@ BF16 = {"rtol": 2e-2, "atol": 2e-2}
 def test_cuda_bf16_pretraining_equals_the_math_reference(
     backend: str, packed: bool, padding_rows: bool
 ) -> None:
-    """On CUDA under bf16 autocast (varlen: flash varlen_attn; flex: compiled FlexAttention)."""
+    """On CUDA under bf16 autocast (varlen: flash varlen_attn; flex: compiled FlexAttention).
+    Its rows and model run on the CPU in test_the_cuda_tests_rows_and_model_run_on_the_cpu."""
     if not torch.cuda.is_available():
         pytest.fail("the gpu marker needs a CUDA device")
-    batch = batch_of(packed, padding_rows, seq=128, device="cuda")
+    batch = batch_of(packed, padding_rows, seq=CUDA_SEQ, device="cuda")
     results = []
     for name in ("math", backend):
-        model = model_of(name, device="cuda")
+        model = model_of(name, CUDA_MODEL, device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             results.append(loss_and_grads(model, batch))
     assert_same_pretraining(results[1], results[0], BF16)

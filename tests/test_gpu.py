@@ -2,11 +2,11 @@
 
 Each test goes through the app's wiring (``omnibert-train`` with ``accelerator=gpu``) or the
 public classes, with the GPU defaults: ``trainer.precision=auto`` (bf16 autocast on Ampere
-and newer), ``torch.compile`` on, LAMB's Triton kernel (``optimizer.impl=auto``). Their CPU
-analogues run in the default suite: tests/test_kernels.py (compile without recompiles, the
-defaults, CUDA graphs settings, fused AdamW), tests/test_train_resume.py (bitwise resume),
-tests/test_ddp.py, tests/test_lamb_triton.py (the kernel under the Triton interpreter) and
-tests/test_bench_gpu.py (the benchmark's smoke mode).
+and newer), ``torch.compile`` on, LAMB's Triton kernel (``optimizer.impl=auto``). Their inputs
+run through the CPU path in the default suite, each test's docstring says where (mostly
+tests/test_gpu_twins.py: the same overrides, data and shapes on ``accelerator=cpu``), or why
+a test is CUDA-only; tests/test_kernels.py checks the GPU plugin's defaults and CUDA graphs
+settings with ``torch.cuda`` answering as an H100 would.
 
     pytest -m gpu tests/test_gpu.py -q
 """
@@ -72,6 +72,8 @@ def _state(path: Path) -> dict[str, Any]:
 def test_training_bf16_compiled_by_default_without_recompiles(
     tmp_path, packing, attention, fresh_dynamo
 ):
+    """CPU twin: test_gpu_twins.py::test_training_compiled_without_recompiles_on_the_cpu (fp32,
+    aot_eager; bf16 autocast, inductor's kernels and the Triton LAMB are the GPU's own)."""
     summary = _train_in_process(
         tmp_path,
         f"model.config.attention={attention}",
@@ -98,6 +100,8 @@ def test_training_bf16_compiled_by_default_without_recompiles(
 
 
 def test_training_with_cuda_graphs(tmp_path, fresh_dynamo):
+    """CUDA-only: CUDA graphs are captured and replayed on a CUDA stream; no CPU counterpart
+    (test_kernels.py checks the settings: reduce-overhead mode, a step mark per batch)."""
     summary = _train_in_process(tmp_path, "accelerator.cuda_graphs=true")
     assert summary["plan"]["kernels"]["CUDA graphs"] == "on (torch.compile mode reduce-overhead)"
     assert summary["steps"] == 6
@@ -107,7 +111,9 @@ def test_training_with_cuda_graphs(tmp_path, fresh_dynamo):
 def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path):
     """Eager, deterministic algorithms (Lightning sets torch.use_deterministic_algorithms and
     the cuBLAS workspace), LAMB's foreach kernel: the Triton kernel sums each tensor's norms
-    with atomics, whose order is not fixed, so it is left out of the bitwise comparison."""
+    with atomics, whose order is not fixed, so it is left out of the bitwise comparison.
+    CPU twins (test_gpu_twins.py): the same run resumed bitwise, and watched op by op for
+    anything that raises on CUDA under deterministic algorithms."""
     common = (
         "trainer.deterministic=true",
         "accelerator.compile=false",
@@ -137,6 +143,7 @@ def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path):
 
 
 def test_one_gpu_ddp(tmp_path):
+    """CPU twin: test_gpu_twins.py::test_one_process_ddp_on_the_cpu (gloo instead of nccl)."""
     done = _train(tmp_path, "accelerator.strategy=ddp", "accelerator.devices=1")
     assert done.returncode == 0, done.stderr[-3000:]
     (summary_file,) = tmp_path.glob("smoke/hydra/*/summary.json")
@@ -158,7 +165,9 @@ def _named_parameters(device: str, dtype: torch.dtype) -> list[tuple[str, torch.
     ]
 
 
-def _trajectory(optimizer_factory: Any, device: str, dtype: torch.dtype, steps: int = 5) -> list:
+def _trajectory(
+    optimizer_factory: Any, device: str, dtype: torch.dtype, steps: int = 5
+) -> tuple[list[torch.Tensor], Any]:
     named = _named_parameters(device, dtype)
     optimizer = optimizer_factory(named)
     gen = torch.Generator().manual_seed(1)
@@ -170,6 +179,9 @@ def _trajectory(optimizer_factory: Any, device: str, dtype: torch.dtype, steps: 
 
 
 def test_triton_lamb_on_cuda_follows_the_reference_implementation():
+    """CUDA-only as it stands: impl=auto picks Triton on CUDA alone, and these tensors
+    interpreted on the CPU take ~25 s; the kernel runs under the Triton interpreter on
+    chunk-stressing tensors in test_lamb_triton.py."""
     from omnibert_kernels.lamb_triton import triton_available
 
     from omnibert.optim import Lamb
@@ -187,6 +199,7 @@ def test_triton_lamb_on_cuda_follows_the_reference_implementation():
 
 
 def test_fused_adamw_on_cuda_matches_foreach():
+    """CPU twin: test_gpu_twins.py::test_fused_adamw_on_the_cpu_matches_foreach."""
     from omnibert.optim import AdamW
 
     fused, opt = _trajectory(lambda n: AdamW(n, lr=1e-2, fused="auto"), "cuda", torch.float32)
@@ -201,6 +214,7 @@ def test_fused_adamw_on_cuda_matches_foreach():
 
 
 def test_bench_gpu_smoke_on_cuda(tmp_path):
+    """CPU twin: test_bench_gpu.py runs the same ``--smoke`` on the CPU (fp32, no peak memory)."""
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--smoke", "--device", "cuda",

@@ -9,7 +9,9 @@ tensor's ``‖p‖`` and ``‖u‖`` (the trust ratio) are sums of squares over 
 * FSDP1 (Lightning's ``FSDPStrategy`` with ``use_orig_params=True``, the GPU plugin's
   ``strategy: fsdp``): parameters are plain flat slices (possibly empty) of a sharded flat
   buffer, so the task finds the wrapping modules' process group (:func:`fsdp_shard_group`)
-  and hands it to the optimiser (:func:`attach_shard_group`). ``NO_SHARD`` is not sharded.
+  and hands it to the optimiser (:func:`attach_shard_group`). ``NO_SHARD`` is not sharded
+  (FSDP1 switches to it by itself on a one-process group): every rank holds the whole
+  tensors, so there is no group and LAMB's norms are the local ones.
 
 Imports only torch; ``torch.distributed`` pieces that older builds lack are optional.
 """

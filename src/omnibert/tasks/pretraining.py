@@ -56,6 +56,19 @@ VAL_SUMS = ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_loss", 
 RNG_KEY = "omnibert_rng_states"
 
 
+def weighted_label_counts(labels: Tensor, weights: Tensor, num_labels: int) -> Tensor:
+    """Sum of ``weights`` per label id ``0 .. num_labels - 1`` (ids outside are left out): what
+    ``torch.bincount(labels, weights)[:num_labels]`` computes, float32. Not bincount: with
+    ``weights`` its CUDA kernel raises under ``torch.use_deterministic_algorithms(True)``
+    (``trainer.deterministic``); ``index_add_`` takes a deterministic kernel in that mode, and
+    outside it the data's 0/1 weights sum exactly in any order."""
+    labels = labels.reshape(-1).long()
+    weights = weights.reshape(-1).float()
+    inside = (labels >= 0) & (labels < num_labels)
+    counts = torch.zeros(num_labels, dtype=torch.float32, device=labels.device)
+    return counts.index_add_(0, labels.clamp(0, num_labels - 1), torch.where(inside, weights, 0.0))
+
+
 class LabelHistogram(Metric):
     """Weighted counts of each label id over everything :meth:`update` saw, summed across
     ranks; :meth:`compute` is the majority label's share (the accuracy of always predicting
@@ -69,13 +82,9 @@ class LabelHistogram(Metric):
         self.add_state("counts", default=torch.zeros(self.num_labels), dist_reduce_fx="sum")
 
     def update(self, labels: Tensor, weights: Tensor) -> None:
-        counts = torch.bincount(
-            labels.reshape(-1).long(),
-            weights=weights.reshape(-1).float(),
-            minlength=self.num_labels,
-        )
         state: Tensor = self.counts  # type: ignore[assignment]
-        state += counts[: self.num_labels].to(state.dtype)
+        counts = weighted_label_counts(labels, weights, self.num_labels)
+        state += counts.to(state.dtype)
 
     def compute(self) -> Tensor:
         counts: Tensor = self.counts  # type: ignore[assignment]
