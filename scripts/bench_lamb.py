@@ -18,17 +18,32 @@ multi-tensor Triton kernel moves exactly that; apex's accounting with a separate
     python scripts/bench_lamb.py --threads 1 --rounds 5
     python scripts/bench_lamb.py --device cuda         # adds the multi-tensor Triton kernel
     python scripts/bench_lamb.py --device cuda --model large
+    python scripts/bench_lamb.py --lease               # the same, 3 rounds x 5 steps: ~30 s
+    python scripts/bench_lamb.py --smoke               # CPU, tiny set, seconds (no compile)
 
-Needs the ``bench`` extra (torch-optimizer) for the peer; without it the peer is skipped.
-Goal on a GPU: the Triton kernel within 1.3x of the floor.
+An implementation that fails (the Triton kernel not compiling, torch-optimizer not installed:
+the ``bench`` extra) is recorded with its error, printed, and left out; the others run. The
+results (``--json``, default ``outputs/bench_lamb/bench_lamb-<time>.json``) are rewritten
+atomically after every stage (bandwidth, each first step, each round), so a timeout keeps what
+ran; the record (``lamb.json``/``lamb.svg`` in ``--results-dir``) is written at the end.
+``--model tiny`` (2 layers of 64: 2M parameters, mostly the embedding) is for tests.
+Parameters and gradients are drawn on the device (BERT-large's on the host take seconds).
+Time on a GPU: BERT-large's LAMB floor is ~5 ms per step on an H100 (44 B x 335M at ~3 TB/s),
+torch-optimizer's per-tensor loop some tens of ms: the run is seconds after the imports and
+the Triton compile. Goal on a GPU: the Triton kernel within 1.3x of the floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import benchplot
 import torch
@@ -37,7 +52,12 @@ from omnibert.optim import Lamb
 
 BYTES_PER_PARAM = 44  # the floor (module docstring)
 APEX_BYTES_PER_PARAM = 52  # with a separate pass for the norms
-MODELS = {"base": (768, 3072, 12), "large": (1024, 4096, 24)}
+MODELS = {"base": (768, 3072, 12), "large": (1024, 4096, 24), "tiny": (64, 256, 2)}
+PEER = "torch-optimizer"
+#: ``--lease``: the GPU figure that matters (BERT-large), a little more steps than the default
+LEASE = {"device": "cuda", "model": "large", "rounds": 3, "steps": 5}
+#: ``--smoke``: seconds on the CPU
+SMOKE = {"device": "cpu", "model": "tiny", "rounds": 2, "steps": 2}
 
 
 def bert_shapes(model: str = "base", vocab: int = 30528) -> list[tuple[int, ...]]:
@@ -72,117 +92,242 @@ def copy_bandwidth(device: torch.device, numel: int = 64_000_000, repeats: int =
     return 2 * 4 * numel / best
 
 
-def make_steppers(params, impls: list[str]) -> dict[str, Callable[[], None]]:
+def make_stepper(params: list[torch.nn.Parameter], impl: str) -> Callable[[], None]:
+    """One implementation's ``step`` over ``params`` (their own optimiser state)."""
+    if impl == PEER:
+        import torch_optimizer  # the bench extra; ImportError: recorded as this one's failure
+
+        peer: Callable[[], None] = torch_optimizer.Lamb(params, lr=1e-3, weight_decay=0.01).step
+        return peer
     named = [(f"p{i}.{'bias' if p.dim() == 1 else 'weight'}", p) for i, p in enumerate(params)]
+    return Lamb(named, lr=1e-3, no_weight_decay=["bias"], impl=impl).step
+
+
+def make_steppers(
+    params: list[torch.nn.Parameter], impls: list[str], errors: dict[str, str] | None = None
+) -> dict[str, Callable[[], None]]:
+    """The steppers that could be built; the others' errors go to ``errors``."""
     steppers: dict[str, Callable[[], None]] = {}
     for impl in impls:
-        if impl == "torch-optimizer":
-            try:
-                import torch_optimizer
-            except ImportError:
-                print("torch-optimizer is not installed (pip install -e '.[bench]'): peer skipped")
-                continue
-            peer = torch_optimizer.Lamb(params, lr=1e-3, weight_decay=0.01)
-            steppers[impl] = peer.step
-        else:
-            opt = Lamb(named, lr=1e-3, no_weight_decay=["bias"], impl=impl)
-            steppers[impl] = opt.step
+        try:
+            steppers[impl] = make_stepper(params, impl)
+        except Exception as err:  # recorded: the other implementations still run
+            message = failure(impl, "building it", err)
+            if errors is not None:
+                errors[impl] = message
     return steppers
 
 
-def main() -> None:
+def failure(name: str, when: str, err: BaseException) -> str:
+    """Print and return one implementation's failure (the benchmark goes on without it)."""
+    message = f"{type(err).__name__}: {err}"
+    if isinstance(err, ImportError) and name == PEER:
+        message += " (pip install -e '.[bench]')"
+    print(f"  {name}: FAILED {when}: {message}", flush=True)
+    print("    " + traceback.format_exc().strip().replace("\n", "\n    ")[-3000:], flush=True)
+    return f"{when}: {message}"
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    """``results`` to ``path`` atomically: a temporary file beside it, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def summarise(
+    times: dict[str, list[float]], bandwidth: float, numel: int
+) -> tuple[float, float, dict[str, dict[str, Any]]]:
+    """The floors (ms/step at ``bandwidth``) and per implementation: median and min ms/step,
+    the ratio to the 44 B and 52 B floors and the speed-up over the peer."""
+    floor_ms = BYTES_PER_PARAM * numel / bandwidth * 1e3
+    apex_ms = APEX_BYTES_PER_PARAM * numel / bandwidth * 1e3
+    peer = statistics.median(times[PEER]) if times.get(PEER) else None
+    rows = {}
+    for name, ts in times.items():
+        if not ts:
+            continue
+        med = statistics.median(ts)
+        rows[name] = {
+            "ms_per_step": med,
+            "min_ms": min(ts),
+            "x_floor": med / floor_ms,
+            "x_apex_floor": med / apex_ms,
+            "speedup_vs_torch_optimizer": peer / med if peer else None,
+        }
+    return floor_ms, apex_ms, rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--model", choices=sorted(MODELS), default="base")
+    ap.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+    ap.add_argument("--model", choices=sorted(MODELS), default=None, help="default base")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per round and implementation")
+    ap.add_argument("--rounds", type=int, default=None, help="default 3")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed steps per round and implementation (default 3)")  # fmt: skip
     ap.add_argument("--impls", nargs="*", default=None)
+    ap.add_argument("--lease", action="store_true",
+                    help="the GPU-lease setting: cuda, BERT-large, 3 rounds x 5 steps")  # fmt: skip
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU, tiny set, 2 rounds x 2 steps, seconds")  # fmt: skip
+    ap.add_argument("--json", default=None,
+                    help="results, rewritten after every stage (module docstring)")  # fmt: skip
     benchplot.add_arguments(ap)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    presets = [
+        SMOKE if args.smoke else {},
+        LEASE if args.lease else {},
+        {"device": "cpu", "model": "base", "rounds": 3, "steps": 3},
+    ]
+    for key in presets[-1]:  # explicit flags, then --smoke, then --lease, then the defaults
+        if getattr(args, key) is None:
+            setattr(args, key, next(p[key] for p in presets if key in p))
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     impls = args.impls or (
-        ["triton", "foreach", "reference", "torch-optimizer"]
+        ["triton", "foreach", "reference", PEER]
         if device.type == "cuda"
-        else ["compiled", "foreach", "reference", "torch-optimizer"]
+        else ["foreach", "reference", PEER]
+        if args.smoke  # the compiled one's inductor compile takes longer than the rest
+        else ["compiled", "foreach", "reference", PEER]
     )
-    gen = torch.Generator().manual_seed(0)
+    copy_numel = 8_000_000 if args.smoke else 64_000_000
+    path = Path(args.json or f"outputs/bench_lamb/bench_lamb-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    results: dict[str, Any] = {
+        "status": "running",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "model": args.model,
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "impls": impls,
+        "floor_bytes_per_param": BYTES_PER_PARAM,
+        "apex_floor_bytes_per_param": APEX_BYTES_PER_PARAM,
+        "errors": {},
+        "first_step_seconds": {},
+        "ms_per_step": {},
+    }
+    write_json(path, results)
+    # parameters and gradients made on the device (BERT-large's on the host take seconds)
+    gen = torch.Generator(device=device).manual_seed(0)
     params = []
     for shape in bert_shapes(args.model):
-        p = torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.02).to(device))
-        p.grad = (torch.randn(shape, generator=gen) * 1e-3).to(device)
+        p = torch.nn.Parameter(torch.randn(shape, generator=gen, device=device) * 0.02)
+        p.grad = torch.randn(shape, generator=gen, device=device) * 1e-3
         params.append(p)
     numel = sum(p.numel() for p in params)
     print(
-        f"device {device}, threads {torch.get_num_threads()}, {len(params)} tensors, {numel / 1e6:.1f}M parameters"
+        f"device {device}, threads {torch.get_num_threads()}, {len(params)} tensors, "
+        f"{numel / 1e6:.1f}M parameters; results in {path}",
+        flush=True,
     )
-    bandwidths = [copy_bandwidth(device)]
+    bandwidths = [copy_bandwidth(device, numel=copy_numel)]
+    results.update(parameters=numel, tensors=len(params), copy_bandwidths_bytes_per_s=bandwidths)
+    write_json(path, results)
 
-    steppers = make_steppers(params, impls)
-    for name, step in steppers.items():  # first step: state allocation, compilation
-        sync(device)
-        t = time.perf_counter()
-        step()
-        sync(device)
-        print(f"  first step {name:16s} {time.perf_counter() - t:8.2f} s (allocation/compilation)")
-    times: dict[str, list[float]] = {name: [] for name in steppers}
-    order = list(steppers)
-    for r in range(args.rounds):
-        bandwidths.append(copy_bandwidth(device))  # measured between rounds, best one kept
-        for name in order[r % len(order) :] + order[: r % len(order)]:
+    errors: dict[str, str] = results["errors"]
+    steppers = make_steppers(params, impls, errors)
+    for name, step in list(steppers.items()):  # first step: state allocation, compilation
+        try:
             sync(device)
             t = time.perf_counter()
-            for _ in range(args.steps):
-                steppers[name]()
+            step()
             sync(device)
+        except Exception as err:  # recorded: e.g. the Triton kernel failing to compile
+            errors[name] = failure(name, "in its first step", err)
+            del steppers[name]
+        else:
+            first = time.perf_counter() - t
+            results["first_step_seconds"][name] = first
+            print(f"  first step {name:16s} {first:8.2f} s (allocation/compilation)", flush=True)
+        write_json(path, results)
+    times: dict[str, list[float]] = results["ms_per_step"]
+    times.update({name: [] for name in steppers})
+    for r in range(args.rounds):
+        bandwidths.append(copy_bandwidth(device, numel=copy_numel))  # between rounds, best kept
+        order = list(steppers)
+        turn = r % len(order) if order else 0  # the order rotates each round
+        for name in order[turn:] + order[:turn]:
+            try:
+                sync(device)
+                t = time.perf_counter()
+                for _ in range(args.steps):
+                    steppers[name]()
+                sync(device)
+            except Exception as err:  # recorded; its rounds so far are kept
+                errors[name] = failure(name, f"in round {r + 1}", err)
+                del steppers[name]
+                continue
             times[name].append((time.perf_counter() - t) / args.steps * 1e3)
+        bandwidth = max(bandwidths)
+        floor_ms, apex_ms, summary = summarise(times, bandwidth, numel)
+        results.update(copy_bandwidth_bytes_per_s=bandwidth, floor_ms=floor_ms, summary=summary)
+        write_json(path, results)
     bandwidth = max(bandwidths)
-    floor_ms = BYTES_PER_PARAM * numel / bandwidth * 1e3
-    apex_ms = APEX_BYTES_PER_PARAM * numel / bandwidth * 1e3
+    floor_ms, apex_ms, summary = summarise(times, bandwidth, numel)
     spread = ", ".join(f"{b / 1e9:.1f}" for b in bandwidths)
     print(f"\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s (best of per-round measurements: {spread})")
     print(
         f"floor: {BYTES_PER_PARAM} B/param x {numel / 1e6:.1f}M / bandwidth = {floor_ms:.2f} "
         f"ms/step ({APEX_BYTES_PER_PARAM} B/param with a separate norm pass: {apex_ms:.2f} ms)"
     )
-    peer = statistics.median(times["torch-optimizer"]) if "torch-optimizer" in times else None
     print(
         f"\n{'implementation':16s} {'ms/step':>9s} {'min':>9s} {'vs torch-optimizer':>19s}"
         f" {'x floor':>8s} {'x 52 B':>7s}"
     )
     rows = []
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        speedup = f"{peer / med:.2f}x faster" if peer else "n/a"
+    for name, s in summary.items():
+        speed = s["speedup_vs_torch_optimizer"]
+        speedup = f"{speed:.2f}x faster" if speed else "n/a"
         print(
-            f"{name:16s} {med:9.2f} {min(ts):9.2f} {speedup:>19s} {med / floor_ms:8.2f}"
-            f" {med / apex_ms:7.2f}"
+            f"{name:16s} {s['ms_per_step']:9.2f} {s['min_ms']:9.2f} {speedup:>19s} "
+            f"{s['x_floor']:8.2f} {s['x_apex_floor']:7.2f}"
         )
         rows.append(
             [
                 name,
-                f"{med:.2f}",
-                f"{min(ts):.2f}",
+                f"{s['ms_per_step']:.2f}",
+                f"{s['min_ms']:.2f}",
                 speedup,
-                f"{med / floor_ms:.2f}",
-                f"{med / apex_ms:.2f}",
+                f"{s['x_floor']:.2f}",
+                f"{s['x_apex_floor']:.2f}",
             ]
         )
-    save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows)
+    for name, message in errors.items():
+        print(f"{name:16s} FAILED {message}")
+        rows.append([name, "failed", "", "", "", ""])
+    results.update(
+        status="done", copy_bandwidth_bytes_per_s=bandwidth, floor_ms=floor_ms, summary=summary
+    )
+    write_json(path, results)
+    print(f"\nresults in {path}", flush=True)
+    save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows)
+    return results
 
 
-def save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows) -> None:
+def save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows) -> None:
     """lamb.json + lamb.svg: ms/step per implementation next to torch-optimizer and the floor."""
-    medians = {name: statistics.median(ts) for name, ts in times.items()}
-    ours = min((m, n) for n, m in medians.items() if n != "torch-optimizer")
-    headline = f"fastest omnibert LAMB ({ours[1]}) {ours[0]:.0f} ms/step"
-    if peer:
-        headline += f": {peer / ours[0]:.2f}x faster than torch-optimizer's Lamb ({peer:.0f} ms)"
-    headline += f", {ours[0] / floor_ms:.2f}x the memory-bandwidth floor ({floor_ms:.0f} ms)"
+    medians = {name: statistics.median(ts) for name, ts in times.items() if ts}
+    peer = medians.get(PEER)
+    ours = min(((m, n) for n, m in medians.items() if n != PEER), default=None)
+    if ours is None:
+        headline = "no omnibert LAMB implementation ran"
+    else:
+        headline = f"fastest omnibert LAMB ({ours[1]}) {ours[0]:.0f} ms/step"
+        if peer:
+            headline += (
+                f": {peer / ours[0]:.2f}x faster than torch-optimizer's Lamb ({peer:.0f} ms)"
+            )
+        headline += f", {ours[0] / floor_ms:.2f}x the memory-bandwidth floor ({floor_ms:.0f} ms)"
+    if errors:
+        headline += f"; failed: {', '.join(errors)}"
     fig, (ax,) = benchplot.figure(1, width=6.5)
     names = list(medians)
     benchplot.draw_bars(
@@ -195,7 +340,7 @@ def save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows) ->
     ax.axhline(floor_ms, color="black", linestyle="--", linewidth=1, label="bandwidth floor")
     ax.legend(frameon=False, fontsize=8)
     record = benchplot.Record(
-        name="lamb",
+        name="lamb" if args.model != "tiny" else "lamb-tiny",
         title="LAMB implementations against torch-optimizer and the memory-bandwidth floor",
         headline=headline,
         tables=[
@@ -223,6 +368,7 @@ def save_results(args, device, numel, bandwidth, floor_ms, times, peer, rows) ->
             "device": str(device),
             "model": args.model,
             "floor_bytes_per_param": BYTES_PER_PARAM,
+            "errors": errors,
         },
     )
     benchplot.save(record, fig, args.results_dir)

@@ -1,0 +1,47 @@
+"""``scripts/bench_lamb.py`` on the CPU with the tiny parameter set: an implementation that
+fails (one that cannot be built, the Triton kernel without a GPU) is recorded with its error
+while the others are timed; the JSON is rewritten after every stage; each implementation's
+time is set against the 44 B/param floor at the copy bandwidth measured in the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_bench_lamb_records_failures_and_writes_after_every_stage(tmp_path, monkeypatch):
+    import bench_lamb
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the kernel must not run on the CPU
+    out = tmp_path / "lamb.json"
+    seen = []
+
+    def bandwidth(device, numel=0, repeats=0):  # a fixed 10 GB/s; what is on disk by then
+        seen.append(json.loads(out.read_text()))
+        return 10e9
+
+    monkeypatch.setattr(bench_lamb, "copy_bandwidth", bandwidth)
+    results = bench_lamb.main(
+        ["--smoke", "--impls", "foreach", "bogus", "triton", "--steps", "1", "--json", str(out),
+         "--results-dir", str(tmp_path / "records")]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    assert results["status"] == "done"
+    assert (results["model"], results["device"], results["rounds"]) == ("tiny", "cpu", 2)  # smoke
+    errors = results["errors"]
+    assert set(errors) == {"bogus", "triton"}
+    assert errors["bogus"].startswith("building it: ValueError")
+    assert errors["triton"].startswith("in its first step: ")  # no GPU: the kernel cannot run
+    # one bandwidth measurement before the first steps, one before each round
+    assert len(seen) == 3 and all(s["status"] == "running" for s in seen)
+    assert seen[1]["errors"] == errors and list(seen[1]["first_step_seconds"]) == ["foreach"]
+    assert len(seen[2]["ms_per_step"]["foreach"]) == 1  # the first round, written
+    assert list(results["summary"]) == ["foreach"]
+    foreach = results["summary"]["foreach"]
+    floor_ms = 44 * results["parameters"] / 10e9 * 1e3
+    assert results["floor_ms"] == pytest.approx(floor_ms)
+    assert foreach["x_floor"] == pytest.approx(foreach["ms_per_step"] / floor_ms)
+    assert len(results["ms_per_step"]["foreach"]) == 2
+    record = json.loads((tmp_path / "records" / "lamb-tiny.json").read_text())
+    assert "failed: bogus, triton" in record["headline"]
