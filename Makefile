@@ -8,7 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_ARGS ?=
 PYTEST_ARGS ?= -n 2
 
-.PHONY: install demo test lint typecheck format docs docs-serve bench-prepare clean wheelhouse install-offline
+.PHONY: install demo test lint typecheck format docs docs-serve bench-prepare clean wheelhouse install-offline \
+	gpu-bundle gpu-check
 
 install: $(VENV)/.omnibert-installed
 
@@ -65,5 +66,17 @@ wheelhouse:
 install-offline:
 	$(PYTHON) scripts/wheelhouse.py install --wheelhouse $(WHEELHOUSE) $(if $(TARGET),--target $(TARGET))
 
+# The GPU check (docs/accelerators/gpu.md): the wheels a GPU image without network lacks, built
+# here into .gpu-bundle/ (Python 3.12, manylinux x86_64), and the one command to run there with
+# that machine's python3 (PYTHON=), results under GPU_OUT.
+GPU_OUT ?= gpu-check-out
+GPU_CHECK_ARGS ?=
+
+gpu-bundle: install
+	$(PY) scripts/gpu_bundle.py
+
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(GPU_OUT) $(GPU_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) outputs multirun site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) outputs multirun site .pytest_cache .mypy_cache .ruff_cache .gpu-bundle

@@ -147,8 +147,9 @@ def pip_wheel_for_resolution(work: Path) -> Path:
     return wheel
 
 
-def build_project_wheel(dest: Path, work: Path) -> Path:
-    """omnibert's wheel, built from a copy of the checkout (nothing written into the checkout)."""
+def build_project_wheel(dest: Path, work: Path, *, isolated: bool = True) -> Path:
+    """omnibert's wheel, built from a copy of the checkout (nothing written into the checkout);
+    ``isolated=False`` builds with this environment's setuptools (no index needed)."""
     src = work / "project"
     src.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
@@ -160,10 +161,12 @@ def build_project_wheel(dest: Path, work: Path) -> Path:
             shutil.copy(path, src / name)
     for old in dest.glob("omnibert-*.whl"):
         old.unlink()
+    isolation = [] if isolated else ["--no-build-isolation"]
     run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest), str(src)],
-        "building omnibert's wheel",
-    )
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(dest),
+         str(src)],
+        "building omnibert's wheel" + ("" if isolated else " (with this environment's setuptools)"),
+    )  # fmt: skip
     (wheel,) = dest.glob("omnibert-*.whl")
     return wheel
 

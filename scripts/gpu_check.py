@@ -1,0 +1,388 @@
+"""The one prepared GPU check: ``scripts/gpu_check.sh OUT`` (``make gpu-check``).
+
+Made for a GPU machine lent for minutes, without network (docs/accelerators/gpu.md): it
+installs the wheel bundle (``make gpu-bundle``: ``.gpu-bundle/``, copied there with the
+checkout) into a target directory with ``--no-index --no-deps``, then runs its steps under one
+shared deadline (``--deadline``, 450 s by default), each with its own cap. A step that fails
+or runs out of time never stops the next. What comes back, all under ``OUT``:
+
+* ``steps.jsonl``: one line per step (name, status, seconds, cap, its commands' exit codes);
+* ``steps.log``: every command's output, step after step;
+* ``junit.xml``: the test steps' JUnit reports in one file;
+* ``records/``: the benchmarks' records (JSON and SVG, as ``docs/benchmarks/`` keeps them);
+* ``summary.json``: the steps, the probe's findings, test counts and failures, the benchmark
+  figures; the same summary is printed last.
+
+Steps, most important first: ``install``; ``probe`` (``scripts/gpu_probe.py``: versions,
+``nvidia-smi``, compiler, a Triton kernel, ``torch.compile``, varlen attention, LAMB per
+implementation, the bandwidth and matrix-product ceilings); ``gpu-tests`` (every test file
+with ``gpu``-marked tests, each in its own process so a broken CUDA context stays in its file,
+all at once); ``bench-lamb`` (``scripts/bench_lamb.py --device cuda``); ``bench-gpu``
+(``scripts/bench_gpu.py --lease``: BERT-base seq 128, then BERT-large seq 512 unpacked and
+packed with the repository's Wikipedia length histogram).
+
+``--rehearse`` runs the same plumbing on a CPU (the default suite does, so the check cannot
+rot between leases): the same install, the probe with its CUDA checks skipped, the GPU test
+files collected instead of run, the benchmarks' CPU smoke modes.
+
+Standard library only: it starts before anything is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+DEFAULT_BUNDLE = ROOT / ".gpu-bundle"
+#: kept back from the deadline for the summary
+RESERVE_S = 5.0
+#: a step is skipped when less than this is left
+MIN_STEP_S = 15.0
+
+
+@dataclass
+class Command:
+    label: str
+    argv: list[str]
+    #: a JUnit report this command writes (test steps)
+    junit: Path | None = None
+
+
+@dataclass
+class Step:
+    name: str
+    cap_s: float
+    commands: Callable[[Check], list[Command]]
+    #: run after the commands, with their exit codes; returns findings for the summary
+    collect: Callable[[Check, list[int]], dict[str, Any]] | None = None
+
+
+@dataclass
+class Check:
+    out: Path
+    work: Path
+    bundle: Path
+    target: Path
+    rehearse: bool
+    deadline_s: float
+    start: float = field(default_factory=time.monotonic)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def left(self) -> float:
+        return self.deadline_s - (time.monotonic() - self.start)
+
+    @property
+    def python(self) -> str:
+        return sys.executable
+
+
+# ----------------------------------------------------------------------------- install
+
+
+def _install(check: Check) -> list[Command]:
+    return [Command("install", [check.python, str(Path(__file__)), "--install-only",
+                                "--bundle", str(check.bundle), "--target", str(check.target)])]  # fmt: skip
+
+
+def install_bundle(bundle: Path, target: Path) -> int:
+    """Install every wheel of the bundle into ``target`` (no index, no dependencies); an
+    omnibert wheel built from other files than this checkout is rebuilt here first."""
+    manifest_file = bundle / "bundle.json"
+    if not manifest_file.is_file():
+        print(f"install: {manifest_file} is missing; build the bundle with `make gpu-bundle`")
+        return 2
+    manifest = json.loads(manifest_file.read_text())
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if manifest["python_version"] != here:
+        print(f"install: the bundle is for Python {manifest['python_version']}, this is {here}")
+        return 2
+    sys.path.insert(0, str(SCRIPTS))
+    import gpu_bundle
+
+    wheels = [bundle / p["file"] for p in manifest["packages"]]
+    if gpu_bundle.project_digest() != manifest["project_digest"]:
+        print("install: the bundle's omnibert wheel was built from other files than this "
+              "checkout; building omnibert's wheel here (make gpu-bundle avoids this)")  # fmt: skip
+        fresh = Path(tempfile.mkdtemp(prefix="omnibert-wheel-"))
+        wheels = [w for w in wheels if not w.name.startswith("omnibert-")]
+        wheels.append(gpu_bundle.wheelhouse.build_project_wheel(fresh, fresh, isolated=False))
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--no-cache-dir", "--disable-pip-version-check", "--upgrade", "--target", str(target),
+           *map(str, wheels)]  # fmt: skip
+    done = subprocess.run(cmd, check=False)
+    print(f"install: {len(wheels)} wheels into {target}: pip exit {done.returncode}")
+    return done.returncode
+
+
+# ----------------------------------------------------------------------------- probe
+
+
+def _probe(check: Check) -> list[Command]:
+    return [Command("probe", [check.python, str(SCRIPTS / "gpu_probe.py"),
+                              "--json", str(check.work / "probe.json")])]  # fmt: skip
+
+
+def _probe_findings(check: Check, codes: list[int]) -> dict[str, Any]:
+    path = check.work / "probe.json"
+    return {"probe": json.loads(path.read_text())} if path.is_file() else {}
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def gpu_test_files() -> list[Path]:
+    """Test files that hold ``gpu``-marked tests (a new one joins the check by itself)."""
+    marker = re.compile(r"pytest\.mark\.gpu\b")
+    return sorted(p for p in (ROOT / "tests").glob("test_*.py") if marker.search(p.read_text()))
+
+
+def _tests(check: Check) -> list[Command]:
+    commands = []
+    for path in gpu_test_files():
+        junit = check.work / f"junit-{path.stem}.xml"
+        argv = [check.python, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra", "-q",
+                "-p", "no:cacheprovider", "-p", "no:xdist", f"--junitxml={junit}",
+                str(path.relative_to(ROOT))]  # fmt: skip
+        if check.rehearse:  # no CUDA: collect them (imports, parametrisation, markers)
+            argv.append("--collect-only")
+        commands.append(Command(path.stem, argv, junit))
+    return commands
+
+
+def junit_findings(reports: list[Path]) -> dict[str, Any]:
+    """Counts and failures of JUnit reports (pytest's ``--junitxml``)."""
+    counts = {"tests": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures = []
+    for report in reports:
+        if not report.is_file():
+            continue
+        for case in ET.parse(report).getroot().iter("testcase"):
+            counts["tests"] += 1
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                counts["failed" if bad.tag == "failure" else "errors"] += 1
+                message = (bad.get("message") or bad.text or "").strip().splitlines()
+                failures.append(f"{case.get('classname')}::{case.get('name')}: "
+                                f"{message[0][:300] if message else ''}")  # fmt: skip
+            elif case.find("skipped") is not None:
+                counts["skipped"] += 1
+            else:
+                counts["passed"] += 1
+    return {**counts, "failures": failures}
+
+
+def merge_junit(reports: list[Path], dest: Path) -> None:
+    merged = ET.Element("testsuites")
+    for report in reports:
+        if report.is_file():
+            root = ET.parse(report).getroot()
+            suites = [root] if root.tag == "testsuite" else list(root)
+            merged.extend(suites)
+    ET.ElementTree(merged).write(dest, encoding="utf-8", xml_declaration=True)
+
+
+def _collected(log: str) -> int:
+    """Tests a ``--collect-only -q`` run listed."""
+    return sum(1 for line in log.splitlines() if "::" in line and not line.startswith(" "))
+
+
+def _test_findings(check: Check, codes: list[int]) -> dict[str, Any]:
+    if check.rehearse:
+        text = (check.work / "gpu-tests.log").read_text(errors="replace")
+        return {"collected": _collected(text), "exit_codes": codes}
+    return junit_findings(sorted(check.work.glob("junit-*.xml")))
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
+
+def _bench_lamb(check: Check) -> list[Command]:
+    argv = [
+        check.python,
+        str(SCRIPTS / "bench_lamb.py"),
+        "--results-dir",
+        str(check.out / "records"),
+    ]
+    argv += ["--smoke"] if check.rehearse else ["--device", "cuda", "--lease"]
+    return [Command("bench_lamb", argv)]
+
+
+def _bench_gpu(check: Check) -> list[Command]:
+    deadline = max(check.left() - RESERVE_S - 10, 30)
+    argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / "bench_gpu.json"),
+            "--results-dir", str(check.out / "records"), "--deadline", f"{deadline:.0f}"]  # fmt: skip
+    argv += ["--smoke", "--lease"] if check.rehearse else ["--lease"]
+    return [Command("bench_gpu", argv)]
+
+
+def _records(check: Check, codes: list[int]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for path in sorted((check.out / "records").glob("*.json")):
+        record = json.loads(path.read_text())
+        found[path.stem] = {"headline": record.get("headline"), "tables": record.get("tables")}
+    return {"records": found}
+
+
+STEPS = [
+    Step("install", 90, _install),
+    Step("probe", 120, _probe, _probe_findings),
+    Step("gpu-tests", 240, _tests, _test_findings),
+    Step("bench-lamb", 60, _bench_lamb, _records),
+    Step("bench-gpu", 300, _bench_gpu, _records),
+]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_step(check: Check, step: Step) -> dict[str, Any]:
+    """Run a step's commands at once, each until the step's cap or the deadline."""
+    left = check.left() - RESERVE_S
+    entry: dict[str, Any] = {"step": step.name, "cap_s": step.cap_s}
+    if left < MIN_STEP_S:
+        return {**entry, "status": "skipped", "seconds": 0.0,
+                "detail": f"{left:.0f} s left before the deadline"}  # fmt: skip
+    timeout = min(step.cap_s, left)
+    commands = step.commands(check)
+    log_path = check.work / f"{step.name}.log"
+    start = time.monotonic()
+    with log_path.open("w") as log:
+        procs = []
+        for command in commands:
+            part = check.work / f"{step.name}-{command.label}.log"
+            handle = part.open("w")
+            proc = subprocess.Popen(command.argv, cwd=ROOT, env=check.env, stdout=handle,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            procs.append((command, proc, handle, part))
+        codes, timed_out = [], []
+        for command, proc, handle, part in procs:
+            try:
+                codes.append(proc.wait(timeout=max(timeout - (time.monotonic() - start), 1)))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                codes.append(proc.wait())
+                timed_out.append(command.label)
+            handle.close()
+            log.write(f"===== {step.name} / {command.label}: {' '.join(command.argv)}\n")
+            log.write(part.read_text(errors="replace"))
+            log.write(f"===== exit {codes[-1]}\n")
+    seconds = time.monotonic() - start
+    status = "timeout" if timed_out else ("ok" if all(c == 0 for c in codes) else "failed")
+    entry.update(status=status, seconds=round(seconds, 1), exit_codes=codes)
+    if timed_out:
+        entry["timed_out"] = timed_out
+    if step.collect is not None:
+        try:
+            entry["findings"] = step.collect(check, codes)
+        except Exception as err:  # a broken report is a finding, not a stop
+            entry["findings"] = {"error": repr(err)}
+    return entry
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The printed summary: a line per step, then what failed, then the figures."""
+    lines = [f"gpu_check: {summary['mode']} on {summary.get('device', '?')}, "
+             f"{summary['seconds']:.0f} s of {summary['deadline_s']:.0f}"]  # fmt: skip
+    for entry in summary["steps"]:
+        lines.append(f"  {entry['step']:<10} {entry['status']:<8} {entry['seconds']:6.1f} s"
+                     + (f"  {entry['detail']}" if "detail" in entry else ""))  # fmt: skip
+        findings = entry.get("findings", {})
+        for name, item in findings.get("probe", {}).items():
+            detail = json.dumps(item["detail"])
+            lines.append(f"      {name:<50} {item['status']:<7} {detail[:220]}")
+        if "tests" in findings:
+            lines.append("      tests {tests}: passed {passed}, failed {failed}, errors {errors}, "
+                         "skipped {skipped}".format(**findings))  # fmt: skip
+            lines += [f"      FAIL {f}" for f in findings["failures"][:40]]
+        if "collected" in findings:
+            lines.append(f"      collected {findings['collected']} gpu tests")
+        for name, record in findings.get("records", {}).items():
+            lines.append(f"      {name}: {record['headline']}")
+            for table in record.get("tables") or []:
+                lines.append("        " + " | ".join(table["columns"]))
+                lines += ["        " + " | ".join(map(str, row)) for row in table["rows"]]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", help="the folder that receives the results")
+    parser.add_argument("--deadline", type=float, default=450.0, help="seconds for all steps")
+    parser.add_argument("--bundle", type=Path, default=DEFAULT_BUNDLE)
+    parser.add_argument("--target", type=Path, default=None,
+                        help="install the bundle here (default: a new temporary folder)")  # fmt: skip
+    parser.add_argument("--rehearse", action="store_true", help="the CPU rehearsal")
+    parser.add_argument("--steps", default=",".join(s.name for s in STEPS),
+                        help="comma-separated steps to run (default: all, in order)")  # fmt: skip
+    parser.add_argument("--install-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.install_only:
+        return install_bundle(args.bundle, args.target)
+    if args.out is None:
+        parser.error("the OUT folder is required")
+    unknown = set(args.steps.split(",")) - {s.name for s in STEPS}
+    if unknown:
+        parser.error(f"unknown steps {sorted(unknown)}; choose from {[s.name for s in STEPS]}")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    target = (args.target or work / "site").resolve()
+    check = Check(out, work, args.bundle.resolve(), target, args.rehearse, args.deadline)
+    paths = [str(target), str(ROOT / "tests"), str(SCRIPTS)]
+    check.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+                 "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
+                 "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}  # fmt: skip
+    entries = []
+    (out / "steps.jsonl").write_text("")
+    for step in (s for s in STEPS if s.name in args.steps.split(",")):
+        print(
+            f"gpu_check: {step.name} (cap {step.cap_s:.0f} s, {check.left():.0f} s left)",
+            flush=True,
+        )
+        entry = run_step(check, step)
+        entries.append(entry)
+        with (out / "steps.jsonl").open("a") as fh:
+            fh.write(json.dumps({k: v for k, v in entry.items() if k != "findings"}) + "\n")
+        with (out / "steps.log").open("a") as fh:
+            log = work / f"{step.name}.log"
+            fh.write(
+                log.read_text(errors="replace")
+                if log.is_file()
+                else f"===== {step.name}: skipped\n"
+            )
+        print(f"gpu_check: {step.name} {entry['status']} in {entry['seconds']} s", flush=True)
+    merge_junit(sorted(work.glob("junit-*.xml")), out / "junit.xml")
+    probe = next((e["findings"]["probe"] for e in entries if "probe" in e.get("findings", {})), {})
+    versions = probe.get("versions", {}).get("detail", {})
+    summary = {
+        "mode": "rehearsal (CPU)" if args.rehearse else "GPU check",
+        "device": versions.get("device", "cpu" if args.rehearse else "?"),
+        "nvidia-smi": probe.get("nvidia-smi", {}).get("detail"),
+        "versions": versions,
+        "deadline_s": args.deadline,
+        "seconds": round(time.monotonic() - check.start, 1),
+        "ok": all(e["status"] == "ok" for e in entries),
+        "steps": entries,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n".join(summary_lines(summary)), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

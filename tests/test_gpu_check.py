@@ -1,0 +1,204 @@
+"""The GPU check's CPU rehearsal (``scripts/gpu_check.sh OUT --rehearse``), so the one prepared
+command for a GPU lease cannot rot between leases: a bundle built from this checkout is
+installed into a fresh target and every step's plumbing runs (the probe with its CUDA checks
+skipped, the GPU test files collected, the benchmarks' smoke modes), down to the summary. The
+bundle for the device itself (``make gpu-bundle``) needs an index; its size and contents are
+checked against the requirements file here without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gpu_bundle
+import gpu_check
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def project_bundle(tmp_path_factory) -> Path:
+    """omnibert's wheel alone, for this Python (the rest is installed here already)."""
+    dest = tmp_path_factory.mktemp("bundle")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert (
+        gpu_bundle.main(["--project-only", "--dest", str(dest), "--python-version", version]) == 0
+    )
+    return dest
+
+
+def test_the_rehearsal_runs_every_step_and_writes_the_summary(project_bundle, tmp_path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--rehearse",
+         "--bundle", str(project_bundle), "--deadline", "400"],
+        cwd=tmp_path, env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [s.name for s in gpu_check.STEPS]
+    assert all(s["status"] == "ok" for s in steps), steps
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and summary["mode"] == "rehearsal (CPU)"
+    by_step = {e["step"]: e for e in summary["steps"]}
+    probe = by_step["probe"]["findings"]["probe"]
+    # omnibert came from the bundle's wheel in the target, not from this checkout
+    assert "/site/omnibert" in probe["versions"]["detail"]["omnibert"]
+    assert probe["triton kernel"]["status"] == "skipped"  # CUDA checks, without CUDA
+    assert probe["LAMB step per implementation"]["status"] == "ok"
+    # every file with gpu-marked tests was collected in its own process
+    log = (out / "steps.log").read_text()
+    collected = {line.split("::")[0] for line in log.splitlines() if line.startswith("tests/")}
+    assert collected == {str(p.relative_to(ROOT)) for p in gpu_check.gpu_test_files()}
+    assert by_step["gpu-tests"]["findings"]["collected"] >= 20
+    records = {p.name for p in (out / "records").iterdir()}
+    assert "gpu-tiny-smoke.json" in records and "lamb-tiny.json" in records, records
+    bench = by_step["bench-gpu"]["findings"]["records"]["gpu-tiny-smoke"]
+    # the lease's three cases, in its order, each with a row
+    assert [row[0] for row in bench["tables"][0]["rows"]] == [
+        "seq 32, none",
+        "seq 32, none",
+        "seq 32, online",
+    ]
+    # what comes back from a lease: at most 8 files, two folders down
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 2 for p in files), files
+    printed = done.stdout.splitlines()
+    assert printed[-1].strip() and any(line.startswith("gpu_check: rehearsal") for line in printed)
+
+
+def _check(tmp_path: Path, deadline: float) -> gpu_check.Check:
+    work = tmp_path / "work"
+    work.mkdir()
+    return gpu_check.Check(tmp_path, work, tmp_path, tmp_path / "site", True, deadline,
+                           env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+
+
+def test_a_step_past_its_cap_is_killed_and_the_next_one_still_runs(tmp_path) -> None:
+    check = _check(tmp_path, deadline=100)
+    sleeper = gpu_check.Step("slow", 1, lambda c: [gpu_check.Command("sleep", ["sleep", "60"])])
+    start = time.monotonic()
+    entry = gpu_check.run_step(check, sleeper)
+    assert entry["status"] == "timeout" and entry["timed_out"] == ["sleep"]
+    assert time.monotonic() - start < 30  # killed at its cap, not waited for
+    quick = gpu_check.Step("quick", 10, lambda c: [gpu_check.Command("true", ["true"])])
+    assert gpu_check.run_step(check, quick)["status"] == "ok"
+    failing = gpu_check.Step("failing", 10, lambda c: [gpu_check.Command("false", ["false"])])
+    assert gpu_check.run_step(check, failing)["status"] == "failed"
+
+
+def test_a_step_is_skipped_when_the_deadline_leaves_too_little(tmp_path) -> None:
+    check = _check(tmp_path, deadline=gpu_check.RESERVE_S + gpu_check.MIN_STEP_S - 1)
+    step = gpu_check.Step("any", 60, lambda c: [gpu_check.Command("true", ["true"])])
+    entry = gpu_check.run_step(check, step)
+    assert entry["status"] == "skipped" and "left before the deadline" in entry["detail"]
+
+
+def test_a_stale_omnibert_wheel_is_rebuilt_from_the_checkout(project_bundle, tmp_path) -> None:
+    stale = tmp_path / "stale"
+    shutil.copytree(project_bundle, stale)
+    manifest = json.loads((stale / "bundle.json").read_text())
+    manifest["project_digest"] = "0" * 64  # built from other files
+    (stale / "bundle.json").write_text(json.dumps(manifest))
+    for wheel in stale.glob("omnibert-*.whl"):
+        wheel.write_bytes(b"not this checkout's wheel")
+    target = tmp_path / "site"
+    assert gpu_check.install_bundle(stale, target) == 0
+    assert (target / "omnibert" / "conf").is_dir()  # the package with its configs
+
+
+#: what a GPU check imports: the apps and the training pipeline, the GPU plugin and kernels, the
+#: GPU test files and the benchmarks
+GPU_PATH_MODULES = (
+    "omnibert.apps.train", "omnibert.apps.compose", "omnibert.run.training",
+    "omnibert.tasks.pretraining", "omnibert.data.datamodule", "omnibert.accelerators.gpu",
+    "omnibert.callbacks.checkpoint", "omnibert.callbacks.throughput", "omnibert.optim",
+    "omnibert_kernels.lamb_triton", "omnibert_kernels.lamb_triton_jit",
+    "test_gpu", "test_attention", "test_lamb_triton", "test_lamb_sharded", "dynamo_counts",
+    "bench_gpu", "bench_lamb", "gpu_probe", "transformers.models.bert.modeling_bert",
+)  # fmt: skip
+
+#: run with ``-X importtime`` (the import tree on stderr): prints each module's distribution
+_MODULE_OWNERS = """
+import importlib, json, sys
+from importlib.metadata import distributions
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+owner = {}
+for dist in distributions():
+    for f in dist.files or []:
+        owner[str(dist.locate_file(f))] = dist.metadata["Name"]
+print(json.dumps({name: owner.get(getattr(m, "__file__", None) or "")
+                  for name, m in list(sys.modules.items())}))
+"""
+
+
+def direct_imports(importtime: str, owners: dict[str, str | None]) -> set[str]:
+    """Distributions that our code, or a distribution outside the image, imports.
+
+    ``-X importtime`` lists each module after the modules it imported, one indent shallower;
+    a module belongs to the image's side when its distribution is in the image or its nearest
+    importer of another distribution is on the image's side (the image's packages bring what
+    they import, in their versions there), else to ours."""
+    rows = []
+    for line in importtime.splitlines():
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line:
+            tree = line.rsplit("|", 1)[1]
+            rows.append((len(tree) - len(tree.lstrip()), tree.strip()))
+    canonical = gpu_bundle.canonical
+    image = {canonical(n) for n in gpu_bundle.IMAGE_PACKAGES}
+    needed: set[str] = set()
+    parents: list[tuple[int, str | None, bool]] = []  # open ancestors: depth, dist, image side
+    for depth, module in reversed(rows):
+        while parents and parents[-1][0] >= depth:
+            parents.pop()
+        dist = owners.get(module)
+        dist = canonical(dist) if dist else None
+        importer = next((p for p in reversed(parents) if p[1] != dist), None)
+        image_side = dist in image or (importer is not None and importer[2])
+        if dist is not None and not image_side:
+            needed.add(dist)
+        parents.append((depth, dist, image_side))
+    return needed
+
+
+def _requirements(dist: str) -> set[str]:
+    """The distributions ``dist`` (installed here) requires, extras left out."""
+    from importlib.metadata import requires
+
+    found = set()
+    for line in requires(dist) or []:
+        if "extra ==" not in line:
+            found.add(gpu_bundle.canonical(re.split(r"[\s<>=!~;\[(]", line, maxsplit=1)[0]))
+    return found
+
+
+def test_the_device_bundle_holds_what_the_gpu_path_imports_beyond_the_image() -> None:
+    paths = [str(ROOT / "tests"), str(ROOT / "scripts")]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", _MODULE_OWNERS, *GPU_PATH_MODULES],
+        env={**os.environ, "PYTHONPATH": ":".join(paths)},
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    owners = json.loads(done.stdout.splitlines()[-1])
+    needed = direct_imports(done.stderr, owners)
+    canonical = gpu_bundle.canonical
+    pins = {canonical(p.split("==")[0]) for p in gpu_bundle.requirements()}
+    image = {canonical(n) for n in gpu_bundle.IMAGE_PACKAGES}
+    missing = needed - image - {"omnibert"} - pins
+    assert not missing, f"imported by the GPU path, in neither the image nor the bundle: {missing}"
+    # nothing else: each pin is imported at start-up or required by omnibert or by another pin
+    # (torchdata is imported when the loaders are built; Lightning: the image's 2.6 is outside
+    # omnibert's range)
+    assert pins - needed <= set().union(*map(_requirements, pins | {"omnibert"}))
+    assert {"hydra-core", "datasets", "google-crc32c"} <= needed
+    assert not pins & {"wandb", "tensorboardx", "mlperf-logging", "pysbd"}
