@@ -154,11 +154,13 @@ def _tests(check: Check) -> list[Command]:
     commands = []
     for path in gpu_test_files():
         junit = check.work / f"junit-{path.stem}.xml"
-        argv = [check.python, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra", "-q",
+        # -v: a line per test as it ends, read back when a file is killed at the cap before
+        # pytest writes its JUnit report
+        argv = [check.python, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra",
                 "-p", "no:cacheprovider", "-p", "no:xdist", f"--junitxml={junit}",
                 str(path.relative_to(ROOT))]  # fmt: skip
-        if check.rehearse:  # no CUDA: collect them (imports, parametrisation, markers)
-            argv.append("--collect-only")
+        # no CUDA: collect them (imports, parametrisation, markers), one id per line
+        argv += ["-q", "--collect-only"] if check.rehearse else ["-v"]
         commands.append(Command(path.stem, argv, junit))
     return commands
 
@@ -200,11 +202,42 @@ def _collected(log: str) -> int:
     return sum(1 for line in log.splitlines() if "::" in line and not line.startswith(" "))
 
 
+_VERBOSE_RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
+
+
+def verbose_findings(log: str) -> dict[str, Any]:
+    """Counts and failing ids from ``pytest -v`` lines (a file killed before its report)."""
+    counts = {"tests": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures = []
+    for match in map(_VERBOSE_RESULT.match, log.splitlines()):
+        if match is None:
+            continue
+        test, result = match.groups()
+        key = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "errors"}
+        counts["tests"] += 1
+        counts[key.get(result, "skipped")] += 1
+        if result in ("FAILED", "ERROR"):
+            failures.append(f"{test}: {result} (killed at the cap: see steps.log)")
+    return {**counts, "failures": failures}
+
+
 def _test_findings(check: Check, codes: list[int]) -> dict[str, Any]:
     if check.rehearse:
         text = (check.work / "gpu-tests.log").read_text(errors="replace")
         return {"collected": _collected(text), "exit_codes": codes}
-    return junit_findings(sorted(check.work.glob("junit-*.xml")))
+    parts = []
+    for command in _tests(check):
+        if command.junit is not None and command.junit.is_file():
+            parts.append(junit_findings([command.junit]))
+        else:
+            log = check.work / f"gpu-tests-{command.label}.log"
+            found = verbose_findings(log.read_text(errors="replace") if log.is_file() else "")
+            found["failures"].append(f"{command.label}: no JUnit report (killed or crashed)")
+            parts.append(found)
+    total: dict[str, Any] = {k: sum(p[k] for p in parts) for k in
+                             ("tests", "passed", "failed", "errors", "skipped")}  # fmt: skip
+    total["failures"] = [f for p in parts for f in p["failures"]]
+    return total
 
 
 # ----------------------------------------------------------------------------- benchmarks
@@ -240,8 +273,8 @@ def _records(check: Check, codes: list[int]) -> dict[str, Any]:
 STEPS = [
     Step("install", 90, _install),
     Step("probe", 120, _probe, _probe_findings),
-    Step("gpu-tests", 240, _tests, _test_findings),
-    Step("bench-lamb", 60, _bench_lamb, _records),
+    Step("gpu-tests", 200, _tests, _test_findings),
+    Step("bench-lamb", 50, _bench_lamb, _records),
     Step("bench-gpu", 300, _bench_gpu, _records),
 ]
 

@@ -202,3 +202,21 @@ def test_the_device_bundle_holds_what_the_gpu_path_imports_beyond_the_image() ->
     assert pins - needed <= set().union(*map(_requirements, pins | {"omnibert"}))
     assert {"hydra-core", "datasets", "google-crc32c"} <= needed
     assert not pins & {"wandb", "tensorboardx", "mlperf-logging", "pysbd"}
+
+
+def test_a_test_file_killed_before_its_report_is_read_from_its_verbose_lines() -> None:
+    log = "\n".join([
+        "tests/test_gpu.py::test_a[none-auto] PASSED                     [ 10%]",
+        "tests/test_gpu.py::test_b FAILED                                 [ 20%]",
+        "tests/test_gpu.py::test_c ERROR                                  [ 30%]",
+        "tests/test_gpu.py::test_d SKIPPED (needs two GPUs)               [ 40%]",
+        "E   assert 1 == 2",
+    ])  # fmt: skip
+    found = gpu_check.verbose_findings(log)
+    assert (found["tests"], found["passed"], found["failed"], found["errors"]) == (4, 1, 1, 1)
+    assert found["skipped"] == 1
+    assert [f.split(":")[0] for f in found["failures"]] == [
+        "tests/test_gpu.py",
+        "tests/test_gpu.py",
+    ]
+    assert "test_b: FAILED" in found["failures"][0]
