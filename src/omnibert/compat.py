@@ -29,6 +29,7 @@ __all__ = [
     "HAS_FOREACH_NORM_DTYPE",
     "HAS_LOAD_MMAP",
     "HAS_MODULE_COMPILE",
+    "capture_data_dependent_shapes",
     "compile_in_place",
     "compiler_disable",
     "flop_counter",
@@ -69,13 +70,35 @@ def compile_in_place(model: nn.Module, options: dict[str, Any]) -> nn.Module:
     ``nn.Module.compile`` where it exists (torch >= 2.2). Before, ``torch.compile(model)``
     would return a wrapper whose keys start with ``_orig_mod.``; instead the class's forward
     is compiled and bound to this instance as its ``forward`` attribute (a bound method, so
-    a deep copy of the model is bound to the copy)."""
+    a deep copy of the model is bound to the copy). Either way the forward is traced with
+    :func:`capture_data_dependent_shapes`."""
     if HAS_MODULE_COMPILE:
         model.compile(**options)  # compat: nn.Module.compile, torch >= 2.2
+        # what nn.Module.__call__ runs once compiled (the module's private attribute)
+        compiled_call = getattr(model, "_compiled_call_impl", None)
+        if compiled_call is not None:
+            model._compiled_call_impl = capture_data_dependent_shapes(compiled_call)
         return model
-    compiled = torch.compile(type(model).forward, **options)
+    compiled = capture_data_dependent_shapes(torch.compile(type(model).forward, **options))
     model.forward = types.MethodType(compiled, model)
     return model
+
+
+def capture_data_dependent_shapes(compiled: Any) -> Any:
+    """``compiled`` (a ``torch.compile`` result) traced, and so compiled, with Dynamo capturing
+    the ops whose output shape depends on the data (``nonzero``: the unpadded token stream of
+    ``model.config.attention=varlen`` on CUDA) as graph ops of a size known only at run time,
+    instead of breaking the graph there. Scoped to these calls: other compiled code in the
+    process keeps Dynamo's defaults. A torch without the flag gets ``compiled`` unchanged
+    (graph breaks there, the same results)."""
+    from torch._dynamo import config
+
+    if not hasattr(config, "capture_dynamic_output_shape_ops"):  # compat: newer torch
+        return compiled
+    # Dynamo reads the flag when it starts tracing a frame, i.e. inside these calls; the patch
+    # is entered before the compiled function installs Dynamo's frame hook, so it is no part
+    # of what is traced
+    return config.patch(capture_dynamic_output_shape_ops=True)(compiled)
 
 
 # ---------------------------------------------------------------------- checkpoints

@@ -10,9 +10,11 @@
   backward on the CPU (:func:`check_backend` refuses those runs before compute);
 * ``varlen``: the encoder runs on the real tokens only (:class:`Unpadded`): the non-padding
   tokens of the batch become one ``[T,H]`` stream of segments (one per sequence, packed rows
-  give one per packed sequence), embeddings, QKV, FFN and LayerNorm run on ``T`` rows and
-  attention is ``torch.nn.attention.varlen.varlen_attn`` (flash, CUDA, fp16/bf16, no dropout)
-  or, elsewhere, SDPA / the math kernel on the segments re-padded per length bucket;
+  give one per packed sequence), embeddings, QKV, FFN and LayerNorm run on ``T`` rows. On
+  CUDA attention is one fused varlen kernel (flash in fp16/bf16, memory-efficient in fp32,
+  dropout included) and the stream is indexed without host reads, so ``torch.compile``
+  captures the whole step; elsewhere SDPA / the math kernel run on the segments re-padded per
+  length bucket, indexed on the host (:mod:`omnibert.models.varlen`);
 * ``auto``: the backend measured fastest for the device, the dropout and the sequence length
   (:data:`AUTO_CHOICES`, numbers in the docs and ``scripts/bench_attention.py``).
 
@@ -34,6 +36,15 @@ from torch import Tensor
 
 from omnibert.compat import compiler_disable
 from omnibert.models.config import ATTENTION_BACKENDS, BertConfigError
+from omnibert.models.varlen import (
+    FUSED_KERNELS,
+    Bucket,
+    Segments,
+    VarlenKernel,
+    call_fused,
+    host_index,
+    traced_index,
+)
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -200,82 +211,9 @@ class DenseAttention:
 # ----------------------------------------------------------------------------- varlen
 
 
-@dataclass
-class _Bucket:
-    """Segments re-padded to one length: ``keys [n,L]`` / ``queries [n,Lq]`` index the stream
-    (the extra last row stands for padding), ``key_mask [n,1,1,L]``, ``valid`` the query slots
-    that are real, ``targets`` where they go in the output."""
-
-    keys: Tensor
-    key_mask: Tensor
-    queries: Tensor
-    valid: Tensor
-    targets: Tensor
-
-
-def _padded_index(
-    starts: list[int], lengths: list[int], width: int, pad: int, device: torch.device
-) -> Tensor:
-    """``[n,width]``: ``starts[i] + j`` where ``j < lengths[i]``, else ``pad``."""
-    start = torch.tensor(starts, device=device).unsqueeze(1)
-    offsets = torch.arange(width, device=device)
-    inside = offsets < torch.tensor(lengths, device=device).unsqueeze(1)
-    return torch.where(inside, start + offsets, pad)
-
-
-def _buckets(
-    q_starts: list[int],
-    q_lengths: list[int],
-    k_starts: list[int],
-    k_lengths: list[int],
-    pad_q: int,
-    pad_k: int,
-    granule: int,
-    device: torch.device,
-) -> list[_Bucket]:
-    """Group the segments by key length rounded up to ``granule`` (segments without queries
-    are left out) and index them for re-padded attention."""
-    groups: dict[int, list[int]] = {}
-    for s, (q_len, k_len) in enumerate(zip(q_lengths, k_lengths, strict=True)):
-        if q_len:
-            groups.setdefault(-(-k_len // granule) * granule, []).append(s)
-    out = []
-    for width, segments in sorted(groups.items()):
-        q_counts = [q_lengths[s] for s in segments]
-        keys = _padded_index(
-            [k_starts[s] for s in segments], [k_lengths[s] for s in segments], width, pad_k, device
-        )
-        queries = _padded_index(
-            [q_starts[s] for s in segments], q_counts, max(q_counts), pad_q, device
-        )
-        valid = (queries != pad_q).reshape(-1)
-        out.append(
-            _Bucket(
-                keys=keys,
-                key_mask=(keys != pad_k)[:, None, None, :],
-                queries=queries,
-                valid=valid.nonzero().squeeze(1),
-                targets=queries.reshape(-1)[valid],
-            )
-        )
-    return out
-
-
-@dataclass
-class _Segments:
-    """Queries grouped by segment over a key stream: cumulative lengths and re-pad buckets."""
-
-    cu_q: Tensor  # [N+1] int32
-    cu_k: Tensor  # [N+1] int32
-    max_q: int
-    max_k: int
-    rows_q: int
-    buckets: list[_Bucket]
-
-
 @compiler_disable  # a loop over data-dependent buckets: eager, between compiled graphs
 def _bucketed_attention(
-    q: Tensor, k: Tensor, v: Tensor, buckets: list[_Bucket], kernel: str, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], kernel: str, dropout_p: float
 ) -> Tensor:
     """``[Q,heads,D]`` queries over ``[T,heads,D]`` keys, each bucket's segments re-padded to
     its width (the appended zero row is the padding slot) and attended with ``kernel``."""
@@ -296,32 +234,22 @@ def _bucketed_attention(
 
 class VarlenAttention:
     """Attention of a query stream over a key stream ``[1,heads,T,D]``, each query seeing
-    only the keys of its segment."""
+    only the keys of its segment: one ``fused`` kernel call, else ``kernel`` (math or sdpa) on
+    the segments re-padded per bucket."""
 
-    def __init__(self, segments: _Segments, kernel: str) -> None:
+    def __init__(self, segments: Segments, kernel: str, fused: VarlenKernel | None) -> None:
         self.segments = segments
-        self.kernel = kernel  # math or sdpa, for the re-padded buckets
+        self.kernel = kernel
+        self.fused = fused
 
     def __call__(self, query: Tensor, key: Tensor, value: Tensor, dropout_p: float) -> Tensor:
         seg = self.segments
         # [1,heads,T,D] -> [T,heads,D]
         q, k, v = (x.squeeze(0).transpose(0, 1) for x in (query, key, value))
-        if q.is_cuda and dropout_p == 0.0 and q.dtype in (torch.float16, torch.bfloat16):
-            from torch.nn.attention.varlen import varlen_attn
-
-            out = varlen_attn(
-                q.contiguous(),
-                k.contiguous(),
-                v.contiguous(),
-                seg.cu_q,
-                seg.cu_k,
-                seg.max_q,
-                seg.max_k,
-            )
-            assert isinstance(out, Tensor)
-            return out.transpose(0, 1).unsqueeze(0)
-        # elsewhere (CPU, fp32, attention dropout): re-padded per length bucket
-        out = _bucketed_attention(q, k, v, seg.buckets, self.kernel, dropout_p)
+        if self.fused is not None:
+            out = call_fused(self.fused, q, k, v, seg, dropout_p)
+        else:
+            out = _bucketed_attention(q, k, v, seg.buckets, self.kernel, dropout_p)
         return out.transpose(0, 1).unsqueeze(0)
 
 
@@ -345,8 +273,6 @@ class Unpadded:
     last: VarlenAttention | None = None
 
     @classmethod
-    @compiler_disable  # host-side indexing: one graph break, eager
-    @torch.no_grad()
     def build(
         cls,
         sequence_ids: Tensor,
@@ -355,61 +281,29 @@ class Unpadded:
         *,
         keep_padding: bool = False,
         granule: int = 32,
+        sequences_per_row: int | None = None,
     ) -> Unpadded:
+        """Indexed on the device where it has a fused kernel (:data:`FUSED_KERNELS`: no host
+        read, traceable; ``sequences_per_row`` bounds the segments of a row, by default the
+        row length), else on the host with re-pad buckets of ``granule`` tokens for
+        ``kernel``."""
+        fused = FUSED_KERNELS.get(sequence_ids.device.type)
+        if fused is not None:
+            index = traced_index(
+                sequence_ids,
+                output_positions,
+                keep_padding=keep_padding,
+                sequences_per_row=sequences_per_row,
+            )
+        else:
+            index = host_index(
+                sequence_ids, output_positions, keep_padding=keep_padding, granule=granule
+            )
         batch, seq = sequence_ids.shape
-        device = sequence_ids.device
-        ids = sequence_ids.reshape(-1).long()
-        flat = torch.arange(batch * seq, device=device)
-        keys = (flat // seq) * (int(ids.max()) + 1) + ids  # (row, sequence id) in one number
-        real = flat if keep_padding else flat[ids != 0]
-        if len(real) == 0:  # a batch of padding rows only: computed as the reference does
-            real = flat
-        tokens = real[torch.argsort(keys[real], stable=True)]
-        # T changes from batch to batch: compiled graphs take it as a dynamic size at once
-        # (no recompile per T) where this torch can say so
-        mark = getattr(getattr(torch, "_dynamo", None), "maybe_mark_dynamic", None)
-        if mark is not None:
-            mark(tokens, 0)
-        _, lengths_t = torch.unique_consecutive(keys[tokens], return_counts=True)
-        lengths = lengths_t.tolist()
-        starts = [0]
-        for n in lengths[:-1]:
-            starts.append(starts[-1] + n)
-        total = len(tokens)
-        cu = torch.tensor([*starts, total], dtype=torch.int32, device=device)
-        full = _Segments(
-            cu, cu, max(lengths, default=0), max(lengths, default=0), total,
-            _buckets(starts, lengths, starts, lengths, total, total, granule, device),
-        )  # fmt: skip
-        out = cls((batch, seq), tokens, VarlenAttention(full, kernel))
-        if output_positions is None:
-            return out
-        # the read rows: flat positions -> stream indices (-1: padding), grouped by segment
-        where = torch.full((batch * seq,), -1, dtype=torch.long, device=device)
-        where[tokens] = torch.arange(total, device=device)
-        segment_of = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths_t)
-        read = output_positions + (torch.arange(batch, device=device) * seq).unsqueeze(1)
-        stream = where[read.reshape(-1)]
-        slots = (stream >= 0).nonzero().squeeze(1)
-        slots = slots[torch.argsort(segment_of[stream[slots]], stable=True)]
-        queries = stream[slots]
-        if mark is not None:
-            mark(queries, 0)
-            mark(slots, 0)
-        q_lengths = torch.bincount(segment_of[queries], minlength=len(lengths)).tolist()
-        q_starts = [0]
-        for n in q_lengths[:-1]:
-            q_starts.append(q_starts[-1] + n)
-        rows = len(queries)
-        last = _Segments(
-            torch.tensor([*q_starts, rows], dtype=torch.int32, device=device),
-            cu,
-            max(q_lengths, default=0),
-            full.max_k,
-            rows,
-            _buckets(q_starts, q_lengths, starts, lengths, rows, total, granule, device),
-        )
-        out.queries, out.slots, out.last = queries, slots, VarlenAttention(last, kernel)
+        out = cls((batch, seq), index.tokens, VarlenAttention(index.full, kernel, fused))
+        if index.last is not None:
+            out.queries, out.slots = index.queries, index.slots
+            out.last = VarlenAttention(index.last, kernel, fused)
         return out
 
     def gather(self, values: Tensor) -> Tensor:

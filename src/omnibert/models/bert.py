@@ -170,8 +170,9 @@ class BertSelfAttention(nn.Module):
             key, value = self._heads(kv, 2)
         dropout_p = self.dropout_prob if self.training else 0.0
         context = attend(query, key, value, dropout_p)
-        batch, _, rows, _ = context.shape
-        return context.transpose(1, 2).reshape(batch, rows, -1)
+        batch, heads, rows, width = context.shape
+        # no -1: rows may be 0 (varlen's stream of a batch without real tokens)
+        return context.transpose(1, 2).reshape(batch, rows, heads * width)
 
 
 class BertSelfOutput(nn.Module):
@@ -287,21 +288,28 @@ class BertModel(nn.Module):
         position_ids: Tensor,
         sequence_ids: Tensor,
         output_positions: Tensor | None = None,
+        sequences_per_row: int | None = None,
     ) -> Tensor:
         """Last hidden states ``[B,S,H]``; with ``output_positions [B,N]`` only those rows
         ``[B,N,H]`` (equal to ``full[b, output_positions[b]]``, computed without the rest;
-        with ``varlen``, read rows at padding positions are not computed and hold zeros)."""
+        with ``varlen``, read rows at padding positions are not computed and hold zeros).
+        ``sequences_per_row`` (the batch's ``K``) bounds the sequences of a row: ``varlen``'s
+        fused path sizes its segment table with it (default: the row length, always enough)."""
         config = self.config
         dropout = self.training and config.attention_probs_dropout_prob > 0.0
         device = input_ids.device.type
         backend = resolve_attention(config.attention, device, dropout, input_ids.shape[1])
         if backend == "varlen":
-            # the re-padded buckets' kernel off CUDA: today's dense choice (math with dropout
-            # on the CPU, where SDPA's dropout path is slow; SDPA otherwise)
+            # the re-padded buckets' kernel where no fused one runs: today's dense choice
+            # (math with dropout on the CPU, where SDPA's dropout path is slow; SDPA otherwise)
             kernel = "math" if dropout and device == "cpu" else "sdpa"
             return self._forward_unpadded(
                 Unpadded.build(
-                    sequence_ids, output_positions, kernel, keep_padding=output_positions is None
+                    sequence_ids,
+                    output_positions,
+                    kernel,
+                    keep_padding=output_positions is None,
+                    sequences_per_row=sequences_per_row,
                 ),
                 (input_ids, segment_ids, position_ids),
                 output_positions,
@@ -413,6 +421,7 @@ class BertForPreTraining(nn.Module):
             batch["position_ids"],
             batch["sequence_ids"],
             output_positions=torch.cat((mlm_positions, nsp_positions), dim=1),
+            sequences_per_row=nsp_positions.shape[1],  # one NSP slot per sequence
         )
         predictions = mlm_positions.shape[1]
         mlm_hidden = hidden[:, :predictions].reshape(-1, hidden.shape[-1])
