@@ -41,7 +41,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,10 @@ class Check:
     target: Path
     rehearse: bool
     deadline_s: float
+    #: ``bench_gpu.py --cases`` instead of the lease's own order
+    bench_gpu_cases: str | None = None
+    #: pytest-xdist workers per GPU test file (0: one process per file)
+    test_workers: int = 0
     start: float = field(default_factory=time.monotonic)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -161,6 +165,9 @@ def _tests(check: Check) -> list[Command]:
                 str(path.relative_to(ROOT))]  # fmt: skip
         # no CUDA: collect them (imports, parametrisation, markers), one id per line
         argv += ["-q", "--collect-only"] if check.rehearse else ["-v"]
+        if check.test_workers and not check.rehearse:
+            argv[argv.index("no:xdist") - 1 : argv.index("no:xdist") + 1] = []
+            argv += ["-n", str(check.test_workers)]
         commands.append(Command(path.stem, argv, junit))
     return commands
 
@@ -244,12 +251,8 @@ def _test_findings(check: Check, codes: list[int]) -> dict[str, Any]:
 
 
 def _bench_lamb(check: Check) -> list[Command]:
-    argv = [
-        check.python,
-        str(SCRIPTS / "bench_lamb.py"),
-        "--results-dir",
-        str(check.out / "records"),
-    ]
+    argv = [check.python, str(SCRIPTS / "bench_lamb.py"), "--json", str(check.work / "bench_lamb.json"),
+            "--results-dir", str(check.out / "records")]  # fmt: skip
     argv += ["--smoke"] if check.rehearse else ["--device", "cuda", "--lease"]
     return [Command("bench_lamb", argv)]
 
@@ -259,23 +262,35 @@ def _bench_gpu(check: Check) -> list[Command]:
     argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / "bench_gpu.json"),
             "--results-dir", str(check.out / "records"), "--deadline", f"{deadline:.0f}"]  # fmt: skip
     argv += ["--smoke", "--lease"] if check.rehearse else ["--lease"]
+    if check.bench_gpu_cases:
+        argv += ["--cases", check.bench_gpu_cases]
     return [Command("bench_gpu", argv)]
 
 
-def _records(check: Check, codes: list[int]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for path in sorted((check.out / "records").glob("*.json")):
-        record = json.loads(path.read_text())
-        found[path.stem] = {"headline": record.get("headline"), "tables": record.get("tables")}
-    return {"records": found}
+def _bench_findings(name: str) -> Callable[[Check, list[int]], dict[str, Any]]:
+    """The benchmark's records (written at its end) and its own JSON, which it rewrites after
+    every case, so what finished before a kill at the cap is kept too."""
+
+    def collect(check: Check, codes: list[int]) -> dict[str, Any]:
+        found: dict[str, Any] = {"records": {}}
+        for path in sorted((check.out / "records").glob(f"{name}-*.json")):
+            record = json.loads(path.read_text())
+            found["records"][path.stem] = {"headline": record.get("headline"),
+                                           "tables": record.get("tables")}  # fmt: skip
+        partial = check.work / f"bench_{name}.json"
+        if partial.is_file():
+            found["results"] = json.loads(partial.read_text())
+        return found
+
+    return collect
 
 
 STEPS = [
     Step("install", 90, _install),
     Step("probe", 120, _probe, _probe_findings),
     Step("gpu-tests", 200, _tests, _test_findings),
-    Step("bench-lamb", 50, _bench_lamb, _records),
-    Step("bench-gpu", 300, _bench_gpu, _records),
+    Step("bench-lamb", 50, _bench_lamb, _bench_findings("lamb")),
+    Step("bench-gpu", 300, _bench_gpu, _bench_findings("gpu")),
 ]
 
 
@@ -326,6 +341,22 @@ def run_step(check: Check, step: Step) -> dict[str, Any]:
     return entry
 
 
+def partial_lines(results: dict[str, Any]) -> list[str]:
+    """A benchmark's own JSON in a few lines (bench_gpu's cases, bench_lamb's ms per step)."""
+    lines = []
+    for case in results.get("cases", []):
+        ours, hf = case["omnibert"], case["hf"]
+        lines.append(f"BERT-{case.get('model')} seq {case['seq']} {case['packing']}: omnibert "
+                     f"{ours['sequences_per_sec']:.1f} seq/s, hf {hf['sequences_per_sec']:.1f}, "
+                     f"ratio {case['ratio_sequences_per_sec']:.2f}, MFU {ours.get('mfu')}")  # fmt: skip
+    for key in ("skipped", "failed"):
+        lines += [f"{key}: {str(item)[:300]}" for item in results.get(key) or []]
+    if "ms_per_step" in results:
+        lines.append(f"ms per step {results['ms_per_step']}; floor {results.get('floor_ms')} ms")
+        lines += [f"error {k}: {str(v)[:200]}" for k, v in (results.get("errors") or {}).items()]
+    return lines
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The printed summary: a line per step, then what failed, then the figures."""
     lines = [f"gpu_check: {summary['mode']} on {summary.get('device', '?')}, "
@@ -343,6 +374,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             lines += [f"      FAIL {f}" for f in findings["failures"][:40]]
         if "collected" in findings:
             lines.append(f"      collected {findings['collected']} gpu tests")
+        results = findings.get("results") or {}
+        if not findings.get("records") and results:  # killed or failed before its record
+            lines += [f"      (no record; its JSON as last written: {results.get('status')})"]
+            lines += ["      " + line for line in partial_lines(results)]
         for name, record in findings.get("records", {}).items():
             lines.append(f"      {name}: {record['headline']}")
             for table in record.get("tables") or []:
@@ -361,6 +396,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearse", action="store_true", help="the CPU rehearsal")
     parser.add_argument("--steps", default=",".join(s.name for s in STEPS),
                         help="comma-separated steps to run (default: all, in order)")  # fmt: skip
+    parser.add_argument(
+        "--bench-gpu-cases",
+        default=None,
+        help="bench_gpu.py --cases for the bench-gpu step (default: the lease's)",
+    )
+    parser.add_argument(
+        "--test-workers",
+        type=int,
+        default=0,
+        help="pytest-xdist workers per GPU test file (default 0: one process "
+        "per file, the files at once)",
+    )
+    parser.add_argument("--cap", action="append", default=[], metavar="STEP=SECONDS",
+                        help="another cap for a step (repeatable), e.g. --cap gpu-tests=90")  # fmt: skip
     parser.add_argument("--install-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.install_only:
@@ -370,18 +419,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.steps.split(",")) - {s.name for s in STEPS}
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {[s.name for s in STEPS]}")
+    caps = {s.name: s.cap_s for s in STEPS}
+    for item in args.cap:
+        name, _, value = item.partition("=")
+        if name not in caps or not value.replace(".", "", 1).isdigit():
+            parser.error(f"--cap {item}: give STEP=SECONDS with a step of {list(caps)}")
+        caps[name] = float(value)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     target = (args.target or work / "site").resolve()
-    check = Check(out, work, args.bundle.resolve(), target, args.rehearse, args.deadline)
+    check = Check(out, work, args.bundle.resolve(), target, args.rehearse, args.deadline,
+                  args.bench_gpu_cases, args.test_workers)  # fmt: skip
     paths = [str(target), str(ROOT / "tests"), str(SCRIPTS)]
     check.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                  "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
                  "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}  # fmt: skip
     entries = []
     (out / "steps.jsonl").write_text("")
-    for step in (s for s in STEPS if s.name in args.steps.split(",")):
+    chosen = [replace(s, cap_s=caps[s.name]) for s in STEPS if s.name in args.steps.split(",")]
+    for step in chosen:
         print(
             f"gpu_check: {step.name} (cap {step.cap_s:.0f} s, {check.left():.0f} s left)",
             flush=True,

@@ -220,3 +220,19 @@ def test_a_test_file_killed_before_its_report_is_read_from_its_verbose_lines() -
         "tests/test_gpu.py",
     ]
     assert "test_b: FAILED" in found["failures"][0]
+
+
+def test_a_benchmark_killed_before_its_record_is_summarised_from_its_own_json() -> None:
+    gpu = {"status": "running", "cases": [{"model": "large", "seq": 512, "packing": "none",
+           "omnibert": {"sequences_per_sec": 500.0, "mfu": 0.4}, "hf": {"sequences_per_sec": 400.0},
+           "ratio_sequences_per_sec": 1.25}], "skipped": [{"case": "large:512:online"}]}  # fmt: skip
+    lines = gpu_check.partial_lines(gpu)
+    assert lines[0].startswith(
+        "BERT-large seq 512 none: omnibert 500.0 seq/s, hf 400.0, ratio 1.25"
+    )
+    assert lines[1].startswith("skipped: ")
+    lamb = {"ms_per_step": {"triton": 9.0}, "floor_ms": 6.0, "errors": {"foreach": "boom"}}
+    assert gpu_check.partial_lines(lamb) == [
+        "ms per step {'triton': 9.0}; floor 6.0 ms",
+        "error foreach: boom",
+    ]
