@@ -235,6 +235,10 @@ def test_auto_follows_the_measured_table_and_check_backend_names_the_key() -> No
     with pytest.raises(BertConfigError, match="ipu graphs"):
         check_backend("varlen", "ipu", False, backward=True)
     check_backend("flex", "cpu", False, backward=False)  # CPU inference runs
+    with pytest.raises(BertConfigError, match=r"^model.config.attention=flex needs a head size "
+                       r"of at least 16 on CUDA, .* is 8 here; use fewer heads"):  # fmt: skip
+        check_backend("flex", "cuda", False, backward=True, head_size=8)
+    check_backend("flex", "cuda", False, backward=True, head_size=16)
 
 
 def test_varlen_dropout_trains_and_is_off_in_eval() -> None:
@@ -276,9 +280,10 @@ def test_varlen_compiles_with_one_recompile_then_none_as_t_changes() -> None:
 # ------------------------------------------------------------------------------------ CUDA
 BF16 = {"rtol": 2e-2, "atol": 2e-2}
 #: the CUDA test's rows: phase 1's 128 tokens (the first row fills all of them, so its
-#: positions run to 127), and the model those positions need
+#: positions run to 127), and the model those positions need, with heads of 16 (the least
+#: FlexAttention takes on CUDA: check_backend)
 CUDA_SEQ = 128
-CUDA_MODEL = TINY.replace(max_position_embeddings=CUDA_SEQ)
+CUDA_MODEL = TINY.replace(max_position_embeddings=CUDA_SEQ, num_attention_heads=2)
 
 
 @pytest.mark.parametrize("padding_rows", [False, True], ids=["full-rows", "padding-rows"])
@@ -294,6 +299,8 @@ def test_the_cuda_tests_rows_and_model_run_on_the_cpu(packed: bool, padding_rows
     batch = batch_of(packed, padding_rows, seq=CUDA_SEQ)
     assert int(batch["position_ids"].max()) < CUDA_MODEL.max_position_embeddings
     assert int(batch["input_ids"].max()) < CUDA_MODEL.vocab_size
+    head_size = CUDA_MODEL.hidden_size // CUDA_MODEL.num_attention_heads
+    check_backend("flex", "cuda", False, backward=True, head_size=head_size)  # CUDA's flex runs it
     reference = loss_and_grads(model_of("math", CUDA_MODEL), batch)
     for backend in CPU_TRAINING:
         assert_same_pretraining(

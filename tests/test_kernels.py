@@ -199,6 +199,30 @@ def test_cuda_graphs_without_compile_is_refused_before_any_compute(tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
+def test_cuda_graphs_with_gradient_accumulation_are_refused_before_any_compute(
+    tmp_path, capsys, monkeypatch
+):
+    """experiment=smoke accumulates 2 micro-batches per step: on an H200 (torch 2.11) CUDA
+    graph trees overwrote the first one's gradients ("accessing tensor output of CUDAGraphs
+    that has been overwritten"), so the plan refuses the pair; one micro-batch per step runs."""
+    _H100(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 2**30, 80 * 2**30))
+    cfg = compose(
+        "pretrain",
+        [*SMOKE[:1], f"paths.output_root={tmp_path}", "accelerator=gpu",
+         "accelerator.cuda_graphs=true"],
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        run_or_exit(cfg, tmp_path / "out")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("or set accelerator.cuda_graphs=false."), err
+    assert "over 2 micro-batches per step" in err[0]
+    assert not (tmp_path / "out").exists()
+    plugin = GPUPlugin(**_gpu_config("accelerator.cuda_graphs=true"))
+    plugin.check_accumulation(1)  # a step of one micro-batch is what CUDA graphs replay
+
+
 # ----------------------------------------------------------------------------- AdamW
 
 

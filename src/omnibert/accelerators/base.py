@@ -117,6 +117,10 @@ class AcceleratorPlugin:
             "plugins": [],
         }
 
+    def check_accumulation(self, accumulate_grad_batches: int) -> None:
+        """Refuse (:class:`AcceleratorError`, one sentence) gradient accumulation this backend
+        cannot run as configured (before compute; the batch plan decides the count)."""
+
     def loop_kwargs(
         self,
         accumulate_grad_batches: int,

@@ -156,6 +156,18 @@ class GPUPlugin(AcceleratorPlugin):
         graphs = self.compile_options.get("mode") in GRAPH_MODES
         return self.compile and (graphs or bool(inductor.get("triton.cudagraphs")))
 
+    def check_accumulation(self, accumulate_grad_batches: int) -> None:
+        """CUDA graphs take a step of one micro-batch: torch's CUDA graph trees overwrite the
+        parameter gradients of one micro-batch's backward with the next one's before they are
+        summed (pytorch/pytorch#169545, seen on an H200 with torch 2.11)."""
+        if self.uses_cuda_graphs and accumulate_grad_batches > 1:
+            raise AcceleratorError(
+                f"accelerator.cuda_graphs=true cannot accumulate gradients over "
+                f"{accumulate_grad_batches} micro-batches per step (torch's CUDA graphs overwrite "
+                "each micro-batch's gradients with the next one's); make micro_batch_size x "
+                "devices the whole phase.global_batch_size, or set accelerator.cuda_graphs=false."
+            )
+
     def callbacks(self) -> list[Any]:
         """With CUDA graphs, a callback that marks where each step begins (module docstring)."""
         return [cuda_graph_step_marker()] if self.uses_cuda_graphs else []

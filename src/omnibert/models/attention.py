@@ -90,8 +90,22 @@ def resolve_attention(backend: str, device_type: str, dropout: bool, seq_length:
     return "sdpa"
 
 
-def check_backend(backend: str, device_type: str, dropout: bool, *, backward: bool) -> None:
+#: the smallest head size inductor's FlexAttention kernels take on CUDA (torch 2.11 on an H200:
+#: "NYI: embedding dimension of the query, key, and value must be at least 16")
+FLEX_MIN_HEAD_SIZE = 16
+
+
+def check_backend(
+    backend: str, device_type: str, dropout: bool, *, backward: bool, head_size: int | None = None
+) -> None:
     """Refuse, with the key to change, a backend that cannot run this way (before compute)."""
+    small_heads = head_size is not None and head_size < FLEX_MIN_HEAD_SIZE
+    if backend == "flex" and device_type == "cuda" and small_heads:
+        raise BertConfigError(
+            f"model.config.attention=flex needs a head size of at least {FLEX_MIN_HEAD_SIZE} "
+            f"on CUDA, and hidden_size / num_attention_heads is {head_size} here; use fewer "
+            "heads, or auto, sdpa, math or varlen."
+        )
     if backend == "flex" and dropout:
         raise BertConfigError(
             "model.config.attention=flex has no attention dropout; set "
@@ -109,10 +123,16 @@ def check_backend(backend: str, device_type: str, dropout: bool, *, backward: bo
         )
 
 
-def plan_attention(backend: str, device_type: str, dropout_prob: float, seq_length: int) -> str:
+def plan_attention(
+    backend: str,
+    device_type: str,
+    dropout_prob: float,
+    seq_length: int,
+    head_size: int | None = None,
+) -> str:
     """What a training run will use, for its plan (checked first: :func:`check_backend`)."""
     dropout = dropout_prob > 0.0
-    check_backend(backend, device_type, dropout, backward=True)
+    check_backend(backend, device_type, dropout, backward=True, head_size=head_size)
     if backend != "auto":
         return backend
     train = resolve_attention(backend, device_type, dropout, seq_length)

@@ -155,6 +155,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     batch, datamodule, choice = _batch_and_data(cfg, c, plugin.device, precision)
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
     plan = plan_run(c, datamodule, batch, precision)
+    plugin.check_accumulation(plan.batch.accumulate_grad_batches)
     model_config = {**c["model"]["config"], "vocab_size": plan.vocab_size}
     attention = _plan_attention(c, plugin.name)
     kernels = kernel_choices(plugin, model_config, c["optimizer"], precision, why)
@@ -181,6 +182,7 @@ def _plan_attention(c: dict[str, Any], accelerator: str) -> str:
         {"gpu": "cuda"}.get(accelerator, accelerator),
         float(model["attention_probs_dropout_prob"]),
         int(c["phase"]["max_seq_length"]),
+        int(model["hidden_size"]) // int(model["num_attention_heads"]),
     )
 
 
