@@ -171,13 +171,13 @@ def direct_imports(importtime: str, owners: dict[str, str | None]) -> set[str]:
     return needed
 
 
-def _requirements(dist: str) -> set[str]:
-    """The distributions ``dist`` (installed here) requires, extras left out."""
+def _requirements(dist: str, extra: str | None = None) -> set[str]:
+    """The distributions ``dist`` (installed here) requires, and those of ``extra``."""
     from importlib.metadata import requires
 
     found = set()
     for line in requires(dist) or []:
-        if "extra ==" not in line:
+        if "extra ==" not in line or (extra is not None and f'extra == "{extra}"' in line):
             found.add(gpu_bundle.canonical(re.split(r"[\s<>=!~;\[(]", line, maxsplit=1)[0]))
     return found
 
@@ -196,10 +196,11 @@ def test_the_device_bundle_holds_what_the_gpu_path_imports_beyond_the_image() ->
     image = {canonical(n) for n in gpu_bundle.IMAGE_PACKAGES}
     missing = needed - image - {"omnibert"} - pins
     assert not missing, f"imported by the GPU path, in neither the image nor the bundle: {missing}"
-    # nothing else: each pin is imported at start-up or required by omnibert or by another pin
-    # (torchdata is imported when the loaders are built; Lightning: the image's 2.6 is outside
-    # omnibert's range)
-    assert pins - needed <= set().union(*map(_requirements, pins | {"omnibert"}))
+    # nothing else: each pin is imported at start-up or required by omnibert (with the bench
+    # extra: the benchmarks' peers, imported when they run) or by another pin (torchdata is
+    # imported when the loaders are built; Lightning: the image's 2.6 is outside omnibert's range)
+    required = set().union(*map(_requirements, pins), _requirements("omnibert", "bench"))
+    assert pins - needed <= required, pins - needed - required
     assert {"hydra-core", "datasets", "google-crc32c"} <= needed
     assert not pins & {"wandb", "tensorboardx", "mlperf-logging", "pysbd"}
 
