@@ -42,9 +42,11 @@ def runs(tmp_path_factory, bert_vocab_file):
         "mrpc": (mrpc_file(tmp / "train.tsv", 16, 1), mrpc_file(tmp / "dev.tsv", 12, 2)),
         "squad_v2": (squad_file(tmp / "train.json", 6, 1, facts=2, unanswerable=1),
                      squad_file(tmp / "dev.json", 4, 2, facts=2, unanswerable=1)),
+        "squad": (squad_file(tmp / "train11.json", 6, 3, facts=2),
+                  squad_file(tmp / "dev11.json", 5, 4, facts=3)),
     }  # fmt: skip
     out = {}
-    for task in ("mrpc", "squad_v2", "sst2", "stsb"):
+    for task in ("mrpc", "squad_v2", "squad", "sst2", "stsb"):
         if task in files:
             data = [f"data.train_file={files[task][0]}", f"data.eval_file={files[task][1]}"]
         else:
@@ -207,3 +209,81 @@ def test_a_checkpoint_of_one_task_refuses_another_in_one_sentence(runs, tmp_path
                          timeout=300, cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
     assert "cannot predict task_name=mrpc" in bad.stderr
+
+
+def _mixed_lengths_dev(task: str, dev: Path, tmp_path: Path) -> Path:
+    """The run's dev set with short SQuAD contexts (one fact) among its long ones, so that
+    batches mix rows of very different lengths."""
+    if not task.startswith("squad"):
+        return dev
+    short = squad_file(tmp_path / "short.json", 4, 9, facts=1, unanswerable=int(task != "squad"))
+    data = json.loads(dev.read_text())
+    data["data"] = [x for pair in zip(data["data"], json.loads(short.read_text())["data"])
+                    for x in pair]  # fmt: skip
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(data))
+    return mixed
+
+
+@pytest.mark.parametrize("task", ["squad", "squad_v2", "mrpc"])
+def test_predictions_do_not_depend_on_the_batch_size_or_the_padding(runs, tmp_path, task):
+    """The same answers (labels), scores within 1e-5 and metrics at batch 1, 2, 7, the run's
+    default, and at the static width (data.padding=max_length in the run: the same features
+    uncut): rows of different lengths share a batch, and the columns one row does not use
+    must not change another's answer. SQuAD v1.1 never answers ""."""
+    run_dir, dev, summary = runs[task]
+    dev = _mixed_lengths_dev(task, dev, tmp_path)
+    variants = {"default": [], **{f"batch {b}": [f"batch_size={b}"] for b in (1, 2, 7)}}
+    records = {}
+    for name, extra in variants.items():
+        out = tmp_path / f"{name.replace(' ', '')}.jsonl"
+        result = _predict(f"ckpt={run_dir}", f"input_file={dev}", f"out={out}", *extra)
+        metrics = {k: v for k, v in result.items() if isinstance(v, float)}
+        records[name] = (_jsonl(out), metrics)
+    key = "answer" if task.startswith("squad") else "label"
+    score = "score" if task.startswith("squad") else "probability"
+    want, want_metrics = records["default"]
+    assert want_metrics, "the file is labelled: metrics are printed"
+    for name, (got, metrics) in records.items():
+        assert [r[key] for r in got] == [r[key] for r in want], name
+        assert [r[score] for r in got] == pytest.approx([r[score] for r in want], abs=1e-5), name
+        assert metrics == pytest.approx(want_metrics, abs=1e-9), name
+    if task == "squad":
+        assert all(r["answer"] for r in want), [r for r in want if not r["answer"]]
+
+
+def test_per_token_logits_are_the_same_at_every_batch_size_and_width(runs, tmp_path):
+    """What the answers are read from, row by row: a row's SQuAD logits at batch 1, batch 7
+    and every row in one batch, cut to the longest row or at the static width, are the same
+    numbers, and its padding columns are -inf in all of them (left in, they held what the
+    head gave padding tokens, which depends on the batch's width, and took n-best slots)."""
+    import numpy as np
+
+    from omnibert.finetune.batching import TrimPadding
+    from omnibert.finetune.tokenizer import build_tokenizer
+    from omnibert.run.finetuning import logits, task_data
+    from omnibert.run.inference import load_finetuned
+
+    run_dir, dev, _ = runs["squad"]
+    finetuned = load_finetuned(run_dir)
+    data = task_data(finetuned.recipe)
+    dataset = data.read_file(_mixed_lengths_dev("squad", dev, tmp_path), "input_file")
+    tokenizer = build_tokenizer(finetuned.vocab_file)
+    feats = data.features(dataset, tokenizer, finetuned.recipe, training=False)
+    lengths = feats.tensors["attention_mask"].sum(1)
+    assert int(lengths.min()) < int(lengths.max()) - 16  # rows of very different lengths
+    rows = len(lengths)
+    runs_ = {
+        "batch 1": logits(finetuned.task, feats.tensors, 1),
+        "batch 7": logits(finetuned.task, feats.tensors, 7),
+        "one batch": logits(finetuned.task, feats.tensors, rows),
+        "static width": logits(
+            finetuned.task, feats.tensors, rows, trim=TrimPadding(enabled=False)
+        ),
+    }
+    padding = (feats.tensors["attention_mask"] == 0).numpy()
+    want = runs_["batch 1"]
+    for name, got in runs_.items():
+        for a, b in zip(got, want, strict=True):
+            assert np.all(np.isneginf(a[padding])), name
+            np.testing.assert_allclose(a[~padding], b[~padding], rtol=0, atol=1e-5, err_msg=name)

@@ -115,3 +115,26 @@ def test_several_gold_answers_read_and_training_uses_the_first(tmp_path, tok):
     assert len(examples[0].answers) == 2
     feats = squad_features(examples, tok, max_seq_length=96, training=True)
     assert labelled_text(examples[0], feats, 0) == text
+
+
+def test_a_v11_question_whose_n_best_holds_no_span_takes_the_best_span_anywhere(tok):
+    """The n best starts and ends all on the question: Google's rule finds no span (its
+    "empty"); SQuAD v1.1 questions always have an answer, so the best valid span over all
+    positions is taken. v2.0 keeps the rule: no span, the null answer."""
+    context = "The river Nile runs north to the sea"
+    ex = SquadExample("q", "which river runs north", context, (("Nile", 10),))
+    feats = squad_features([ex], tok, max_seq_length=32)
+    assert len(feats) == 1
+    s = feats.input_ids.shape[1]
+    start, end = np.full((1, s), -5.0, np.float32), np.full((1, s), -5.0, np.float32)
+    question = [i for i, o in enumerate(feats.offsets[0]) if o is None][:3]
+    start[0, question] = end[0, question] = 8.0  # the best logits: not in the context
+    nile = next(i for i, o in enumerate(feats.offsets[0]) if o is not None and o[0] == 10)
+    start[0, nile], end[0, nile] = 1.0, 0.5  # the best span of the context, 4th of each
+    best = best_answers([ex], feats, start, end, n_best=3, max_answer_length=30)["q"]
+    assert best.text == "Nile" and best.score == pytest.approx(1.5)
+    v2 = best_answers([ex], feats, start, end, n_best=3, max_answer_length=30, version_2=True)
+    assert v2["q"].text == ""
+    # with a wider n-best the rule itself finds it: the fallback changes nothing then
+    wide = best_answers([ex], feats, start, end, n_best=20, max_answer_length=30)["q"]
+    assert (wide.text, wide.score) == (best.text, best.score)

@@ -302,29 +302,25 @@ def best_answers(
     """Question id -> :class:`Prediction` from the windows' logits (module docstring). With
     ``version_2`` (SQuAD v2.0) a question's null score is the smallest ``[CLS]`` start + end
     logit over its windows (Google's run_squad.py), and the question is answered ``""`` when
-    the null score minus the best span's score is above ``null_score_diff_threshold``."""
+    the null score minus the best span's score is above ``null_score_diff_threshold``.
+
+    Spans are read from each window's ``n_best`` best starts and ends (Google's rule). Where
+    none of those pairs is a valid span (the best logits all on the question, say), a SQuAD
+    v1.1 question, which always has an answer, takes the best valid span over all positions
+    instead of Google's ``"empty"``."""
     by_example: dict[int, list[int]] = {}
     for row, example in enumerate(features.example_index.tolist()):
         by_example.setdefault(example, []).append(row)
     out: dict[str, Prediction] = {}
     for index, example in enumerate(examples):
-        candidates: list[tuple[float, int, int]] = []  # (score, char start, char end)
+        rows = by_example.get(index, [])
         null_score = math.inf
-        for row in by_example.get(index, []):
+        for row in rows:
             null_score = min(null_score, float(start_logits[row, 0]) + float(end_logits[row, 0]))
-            offsets, best = features.offsets[row], features.max_context[row]
-            starts = np.argsort(-start_logits[row], kind="stable")[:n_best]
-            ends = np.argsort(-end_logits[row], kind="stable")[:n_best]
-            for s in starts.tolist():
-                first = offsets[s]
-                if first is None or not best[s]:
-                    continue
-                for e in ends.tolist():
-                    last = offsets[e]
-                    if last is None or e < s or e - s + 1 > max_answer_length:
-                        continue
-                    score = float(start_logits[row, s]) + float(end_logits[row, e])
-                    candidates.append((score, first[0], last[1]))
+        candidates = _spans(features, rows, start_logits, end_logits, n_best, max_answer_length)
+        if not candidates and not version_2:
+            width = int(start_logits.shape[1])
+            candidates = _spans(features, rows, start_logits, end_logits, width, max_answer_length)
         if version_2:
             out[example.qid] = _pick_v2(
                 example.context, candidates, n_best, null_score, null_score_diff_threshold
@@ -332,6 +328,35 @@ def best_answers(
         else:
             out[example.qid] = _pick(example.context, candidates, n_best)
     return out
+
+
+def _spans(
+    features: SquadFeatures,
+    rows: Sequence[int],
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    n_best: int,
+    max_answer_length: int,
+) -> list[tuple[float, int, int]]:
+    """``(score, char start, char end)`` of the valid spans among each window's ``n_best``
+    best starts and ends: both in the context, the start in its maximal-context window, the
+    end not before it, at most ``max_answer_length`` tokens."""
+    candidates: list[tuple[float, int, int]] = []
+    for row in rows:
+        offsets, best = features.offsets[row], features.max_context[row]
+        starts = np.argsort(-start_logits[row], kind="stable")[:n_best]
+        ends = np.argsort(-end_logits[row], kind="stable")[:n_best]
+        for s in starts.tolist():
+            first = offsets[s]
+            if first is None or not best[s]:
+                continue
+            for e in ends.tolist():
+                last = offsets[e]
+                if last is None or e < s or e - s + 1 > max_answer_length:
+                    continue
+                score = float(start_logits[row, s]) + float(end_logits[row, e])
+                candidates.append((score, first[0], last[1]))
+    return candidates
 
 
 def _n_best(

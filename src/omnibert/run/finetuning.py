@@ -396,9 +396,12 @@ def logits(
     ``[N,S]`` start/end arrays, classification ``[N,labels]``.
 
     Rows run longest first in batches cut to their longest row (``trim``, a
-    :class:`~omnibert.finetune.batching.TrimPadding`; default: cut to a multiple of 8); the
-    columns a batch did not compute are ``-inf`` (padding: no answer starts or ends there).
-    ``progress(rows_done, rows)`` is called after each batch."""
+    :class:`~omnibert.finetune.batching.TrimPadding`; default: cut to a multiple of 8). A
+    row's padding columns are ``-inf`` in SQuAD's arrays, whether its batch computed them or
+    not: no answer starts or ends there, and what the head gives a padding token depends on
+    how wide the batch was, so left in, it would take n-best slots from real tokens and make
+    the answers depend on the batch size. ``progress(rows_done, rows)`` is called after each
+    batch."""
     import contextlib
 
     import numpy as np
@@ -426,6 +429,10 @@ def logits(
                     for a in arrays
                 ]
             index = rows.numpy()
+            if isinstance(result, tuple):  # per-token outputs: padding is no answer
+                padding = (batch["attention_mask"] == 0).numpy()
+                for array in arrays:
+                    array[padding] = -np.inf
             for target, array in zip(out, arrays, strict=True):
                 target[index, : array.shape[1]] = array
             done += len(index)
