@@ -19,7 +19,7 @@ from omnibert import compat
 from omnibert.callbacks import CompletedBatchProgress
 from omnibert.callbacks.throughput import bert_pretraining_flops, measure_flops
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.compile_only import meta_batch
+from omnibert.run.activation_memory import meta_batch
 
 
 class Small(nn.Module):

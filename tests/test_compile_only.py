@@ -20,7 +20,7 @@ from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.compile_only import meta_batch, saved_activation_bytes
+from omnibert.run.activation_memory import meta_batch, saved_activation_bytes
 
 SMOKE = ("experiment=smoke", "data.num_workers=0", "compile_only=true")
 # the smoke model (conf/experiment/smoke.yaml)
@@ -50,6 +50,9 @@ def test_compile_only_reports_without_training(tmp_path, capsys, compose_config)
     assert report["flops"]["per_optimizer_step"] == 2 * report["flops"]["per_micro_batch"]
     memory = report["memory_estimate_bytes"]
     assert memory["parameters"] == memory["gradients"] == 4 * params
+    # counted as the CPU runs the smoke model's training step: math attention (dropout 0.1)
+    assert report["memory_estimate_counted_as"].startswith("cpu kernels: attention as math")
+    assert "counted as          cpu kernels" in printed
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
 
     measured = report["measured"]

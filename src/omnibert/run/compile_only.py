@@ -3,22 +3,13 @@
 What a sweep over micro batch size or sequence length needs to find what fits, without
 training (``omnibert-train -m data=generated compile_only=true micro_batch_size=8,16,32``):
 
-1. **Counted on the meta device** (no memory, no compute, any size): parameters; FLOPs of
-   forward + backward of one micro-batch with ``torch.utils.flop_counter.FlopCounterMode``
-   (matmuls, bmm and attention, :func:`omnibert.callbacks.throughput.measure_flops`); the
-   bytes autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``,
-   de-duplicated by storage, parameters left out): the activation memory of one micro-batch
-   in the parameters' dtype (under bf16/fp16 autocast the saved matmul inputs are half that).
-2. **Estimated memory**: parameters + gradients (same dtype) + optimiser state (two moments
-   per parameter for LAMB and AdamW) + activations + the backward's transients
-   (:data:`TRANSIENT_FACTOR` times the activations: the gradients of the activations and the
-   temporaries of softmax, GELU and layer norm live alongside them; measured on CPU,
-   bert-tiny at seq 128, the peak RSS was 2.0x the saved activations at micro batch 512 and
-   2.17x at 2048: 18.5 GiB for 8.5 GiB saved) (+ one gradient-sized buffer with
-   ``clip_grad_per_micro_batch``). When it exceeds the memory the device has (CPU:
+1. **Counted on the meta device** and **estimated**
+   (:mod:`omnibert.run.activation_memory`): parameters, FLOPs of forward + backward, the
+   activations one micro-batch keeps with the kernels the run's device runs, and the
+   memory a step needs; when the estimate exceeds the memory the device has (CPU:
    ``MemAvailable``; CUDA: the GPU's total memory) the step is not run and the report says
    ``fits: false`` instead of being killed by the kernel's OOM killer.
-3. **Measured**: the accelerator plugin's :meth:`~omnibert.accelerators.base.AcceleratorPlugin.compile_only`
+2. **Measured**: the accelerator plugin's :meth:`~omnibert.accelerators.base.AcceleratorPlugin.compile_only`
    moves the model and a real batch of the run's data (``data=generated`` needs no files) to
    the device, compiles (``torch.compile`` where the plugin is configured to, the backend's
    graph build on HPU, poptorch's offline ``compile()`` on IPU) and runs one step, then a
@@ -43,61 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from omnibert.compat import flop_counter_name, seed_everything
+from omnibert.run.activation_memory import estimate
 
-__all__ = [
-    "available_memory",
-    "compile_only",
-    "estimate",
-    "meta_batch",
-    "saved_activation_bytes",
-]
+__all__ = ["available_memory", "compile_only", "format_report", "report_metrics"]
 
-#: the backward's transient memory per byte of saved activations (module docstring, point 2)
-TRANSIENT_FACTOR = 1.25
-
-#: batch keys by shape (see omnibert.data.collate): [B,S], [B,P], [B,K]
-_ROW_KEYS = ("input_ids", "segment_ids", "position_ids", "sequence_ids")
-_MASK_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
-_NSP_KEYS = ("nsp_positions", "nsp_labels", "nsp_weights")
 REPORT_FILE = "compile_report.json"
-
-
-def meta_batch(shapes: Mapping[str, list[int]]) -> dict[str, Tensor]:
-    """A batch of meta tensors with the data module's static shapes (``describe()["shapes"]``:
-    ``input_ids`` [B,S], ``masked_lm_positions`` [B,P], ``nsp_labels`` [B,K])."""
-    groups = (
-        (_ROW_KEYS, shapes["input_ids"]),
-        (_MASK_KEYS, shapes["masked_lm_positions"]),
-        (_NSP_KEYS, shapes["nsp_labels"]),
-    )
-    batch = {}
-    for keys, shape in groups:
-        for key in keys:
-            dtype = torch.float32 if key.endswith("weights") else torch.int64
-            batch[key] = torch.empty(*shape, dtype=dtype, device="meta")
-    return batch
-
-
-def saved_activation_bytes(model: nn.Module, batch: Mapping[str, Tensor]) -> int:
-    """Bytes autograd keeps for backward in one forward of ``model`` (meta tensors): each
-    storage counted once, parameters (counted separately) left out."""
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
-    seen: dict[int, int] = {}
-    alive: list[Tensor] = []  # keep storages alive so that no address is reused
-
-    def pack(tensor: Tensor) -> Tensor:
-        storage = tensor.untyped_storage()
-        if storage._cdata not in params:
-            seen[storage._cdata] = storage.nbytes()
-            alive.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(dict(batch))
-    return sum(seen.values())
 
 
 def _proc_status(field: str) -> int | None:
@@ -163,30 +107,6 @@ def _first_batch(datamodule: Any) -> dict[str, Tensor]:
     return batch
 
 
-def estimate(
-    config: Any, shapes: Mapping[str, list[int]], precision: str, clip: float | None
-) -> dict[str, Any]:
-    from omnibert.callbacks.throughput import measure_flops
-    from omnibert.models import BertForPreTraining
-
-    batch = meta_batch(shapes)
-    with torch.device("meta"):
-        model = BertForPreTraining(config)
-    params = sum(p.numel() for p in model.parameters())
-    width = 2 if precision in ("bf16-true", "16-true") else 4
-    memory = {
-        "parameters": params * width,
-        "gradients": params * width,
-        "optimizer_state": params * 2 * 4,
-        "activations": saved_activation_bytes(model, batch),
-        "clip_buffer": params * width if clip is not None else 0,
-    }
-    memory["backward_transients"] = int(TRANSIENT_FACTOR * memory["activations"])
-    memory["total"] = sum(memory.values())
-    flops = measure_flops(lambda: BertForPreTraining(config), batch)
-    return {"parameters": params, "flops_per_micro_batch": flops, "memory": memory}
-
-
 def compile_only(
     c: Mapping[str, Any], plan: Any, datamodule: Any, plugin: Any, output_dir: Path | None
 ) -> dict[str, Any]:
@@ -200,7 +120,9 @@ def compile_only(
     plugin.check_precision(plan.precision)
     shapes = datamodule.describe()["shapes"]
     config = BertConfig(**{**c["model"]["config"], "vocab_size": plan.vocab_size})
-    counted = estimate(config, shapes, plan.precision, plan.clip_grad_per_micro_batch)
+    counted = estimate(
+        config, shapes, plan.precision, plan.clip_grad_per_micro_batch, plugin.device.type
+    )
     batch = plan.batch
     report: dict[str, Any] = {
         "model": c["model"]["name"],
@@ -222,6 +144,7 @@ def compile_only(
             "counted_with": f"{flop_counter_name()}, forward + backward, meta device",
         },
         "memory_estimate_bytes": counted["memory"],
+        "memory_estimate_counted_as": counted["counted_as"],
     }
     available, source = available_memory(plugin.device)
     report["available_memory_bytes"] = available
@@ -331,6 +254,10 @@ def format_report(report: Mapping[str, Any]) -> str:
         f" + activations {_gib(mem['activations'])}"
         f" + backward transients {_gib(mem['backward_transients'])}"
         + (f" + clip buffer {_gib(mem['clip_buffer'])}" if mem["clip_buffer"] else ""),
+    ]
+    if report.get("memory_estimate_counted_as"):
+        lines.append(f"  counted as          {report['memory_estimate_counted_as']}")
+    lines += [
         f"  available           {_gib(report['available_memory_bytes'])}"
         + (f" ({report['available_memory_source']})" if report["available_memory_source"] else ""),
     ]

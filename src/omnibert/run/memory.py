@@ -1,8 +1,10 @@
 """A micro batch that fits: chosen from the compile-only memory estimate, or refused before
 compute when the one the user set cannot fit.
 
-The estimate is :func:`omnibert.run.compile_only.estimate` (counted on the meta device at the
-run's shapes, packing included): parameters + gradients + optimiser state (fixed) plus the
+The estimate is :func:`omnibert.run.activation_memory.estimate` (counted on the meta device at the
+run's shapes, packing included, as the kernels of the device's type keep tensors in the run's
+precision: on CUDA fused attention and autocast's bf16; on the CPU, with attention dropout, the
+math kernel's probabilities): parameters + gradients + optimiser state (fixed) plus the
 activations autograd keeps, which grow linearly with the micro batch. Two meta forwards (micro
 batch 1 and 2) give both parts; the memory budget is ``memory_fraction`` of what the device
 has (CPU: ``MemAvailable``; CUDA: the GPU's memory). Without ``micro_batch_size`` the largest
@@ -18,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omnibert.run.activation_memory import estimate
 from omnibert.run.compile_only import available_memory as available_memory_of
-from omnibert.run.compile_only import estimate
 from omnibert.run.plan import TrainConfigError
 
 __all__ = ["UNKNOWN_MEMORY_CAP", "MicroBatchChoice", "choose_micro_batch"]
@@ -77,7 +79,8 @@ def choose_micro_batch(
 
     def at(rows: int) -> int:
         sized = {k: [rows, *v[1:]] for k, v in shapes.items()}
-        return int(estimate(model_config, sized, precision, clip)["memory"]["total"])
+        counted = estimate(model_config, sized, precision, clip, device.type, flops=False)
+        return int(counted["memory"]["total"])
 
     one, two = at(1), at(2)
     per_row = max(two - one, 1)
