@@ -226,12 +226,7 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
         f"phase.max_predictions_per_seq={args.predictions or PREDICTIONS.get(seq, seq // 6)}",
         f"phase.global_batch_size={micro_batch(args, seq)}",
         f"micro_batch_size={micro_batch(args, seq)}",
-        # the micro batch as given: prepare's memory estimate (on the meta device, attention
-        # counted as the math kernel's [B,heads,S,S] tensors) puts BERT-large at 32 x 512 at
-        # ~145 GiB and would refuse it even on a 141 GB GPU, where SDPA's fused kernels run
-        # it in far less; compile_only=true makes prepare report the fit instead of refusing
-        # (nothing else of this script's use changes) and the peak memory is measured here
-        "compile_only=true",
+        # the micro batch as given, checked by prepare's memory estimate as a run's is
         "phase.max_steps=1000",
         f"accelerator={'gpu' if args.device == 'cuda' else 'cpu'}",
         f"trainer.precision={args.precision}",
