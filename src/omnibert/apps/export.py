@@ -1,8 +1,14 @@
-"""``omnibert-export``: a pretraining checkpoint → a Hugging Face ``BertForPreTraining`` directory.
+"""``omnibert-export``: a checkpoint → a Hugging Face directory.
 
-Wiring only: compose the config, read the checkpoint (an omnibert ``.ckpt``, or the prefix of a
-Google / MLPerf TensorFlow 1 checkpoint with its ``bert_config.json``),
-:func:`omnibert.convert.hf.export_hf`.
+* a pretraining checkpoint (an omnibert ``.ckpt``, or the prefix of a Google / MLPerf
+  TensorFlow 1 checkpoint with its ``bert_config.json``) → ``BertForPreTraining``
+  (:func:`omnibert.convert.hf.export_hf`);
+* an ``omnibert-finetune`` run (its directory or ``.ckpt``) → ``BertForQuestionAnswering``
+  (SQuAD) or ``BertForSequenceClassification`` (GLUE) with its tokenizer files
+  (:func:`omnibert.run.inference.export_hf_finetuned`).
+
+Wiring only: compose the config, tell the kind
+(:func:`omnibert.convert.checkpoints.checkpoint_kind`), export.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
+from omnibert.convert.checkpoints import checkpoint_kind
 from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
@@ -25,6 +32,12 @@ from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refus
 from omnibert.tokenization.vocab import sha256_file
 
 register()
+
+#: What omnibert-export takes, for the sentence that refuses anything else.
+EXPORTABLE = (
+    "an omnibert-train pretraining checkpoint (.ckpt), an omnibert-finetune run (its "
+    "directory or checkpoints/final.ckpt) or a TensorFlow 1 checkpoint prefix"
+)
 
 
 def _tf1_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
@@ -51,8 +64,47 @@ def _omnibert_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
             f"bert_config= applies to TensorFlow checkpoints only and ckpt={cfg.ckpt} is not "
             "one (no .index file); drop bert_config= or pass the TF checkpoint's prefix."
         )
-    model, hparams = model_from_pretraining_checkpoint(cfg.ckpt)
+    model, hparams = model_from_pretraining_checkpoint(cfg.ckpt, wanted=EXPORTABLE)
     return model, checked_vocab(cfg.ckpt, cfg.vocab_file, hparams)
+
+
+def _kind(cfg: DictConfig) -> str:
+    """:func:`checkpoint_kind` of ``ckpt``; a path it cannot name goes to the pretraining
+    loader, whose sentence names the checkpoint files in a run directory and the TF1
+    prefixes near the path."""
+    if is_tf1_checkpoint(cfg.ckpt):
+        return "tf1"
+    try:
+        return checkpoint_kind(cfg.ckpt)
+    except ConversionError:
+        return "omnibert"
+
+
+def _export_finetuned(cfg: DictConfig) -> None:
+    from omnibert.run.inference import export_hf_finetuned, load_finetuned
+
+    if cfg.bert_config is not None:
+        raise ConversionError(
+            f"bert_config= applies to TensorFlow checkpoints only and ckpt={cfg.ckpt} is an "
+            "omnibert-finetune run; drop bert_config=."
+        )
+    finetuned = load_finetuned(cfg.ckpt)
+    written = export_hf_finetuned(
+        finetuned, cfg.out, vocab_file=cfg.vocab_file, overwrite=cfg.overwrite
+    )
+    config = finetuned.task.model.config
+    out = written[0].parent
+    auto = (
+        "AutoModelForQuestionAnswering"
+        if finetuned.task.head == "question_answering"
+        else "AutoModelForSequenceClassification"
+    )
+    print(
+        f"exported {finetuned.checkpoint} (task={finetuned.recipe.get('name')}, BERT "
+        f"L{config.num_hidden_layers}-H{config.hidden_size}, vocab {config.vocab_size}) to "
+        f"{out} ({', '.join(p.name for p in written)}); load it with transformers.{auto}"
+        f".from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})"
+    )
 
 
 def run(cfg: DictConfig) -> None:
@@ -63,8 +115,16 @@ def run(cfg: DictConfig) -> None:
             "ckpt=outputs/run/checkpoints/last.ckpt out=exports/run"
         )
     check_writable_dir(cfg.out, "out")
-    tf1 = is_tf1_checkpoint(cfg.ckpt)
-    model, vocab_file = _tf1_model(cfg) if tf1 else _omnibert_model(cfg)
+    kind = _kind(cfg)
+    if kind == "huggingface":
+        raise ConversionError(
+            f"ckpt={cfg.ckpt} is a Hugging Face directory already (config.json): load it "
+            f"with transformers' from_pretrained; omnibert-export takes {EXPORTABLE}."
+        )
+    if kind == "finetuned":
+        _export_finetuned(cfg)
+        return
+    model, vocab_file = _tf1_model(cfg) if kind == "tf1" else _omnibert_model(cfg)
     if vocab_file is None:
         raise ConversionError(
             f"checkpoint {cfg.ckpt} records no vocab_file; pass vocab_file= with the vocab.txt "

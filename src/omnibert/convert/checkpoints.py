@@ -6,13 +6,22 @@ MLPerf, ``<prefix>.index`` + data shards, with its ``bert_config.json``).
 ``omnibert-eval`` and fine-tuning start from here, so the three kinds behave alike: the
 architecture comes from the checkpoint, the weights are checked against it, and anything
 that cannot be read is one sentence naming the file and the fix.
+
+:func:`checkpoint_kind` is the one place that tells the kinds apart, a fourth included: an
+``omnibert-finetune`` run (its directory or ``.ckpt``), which ``omnibert-export`` writes out
+as a Hugging Face task model and fine-tuning continues with its head.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from omnibert.compat import load_checkpoint
 from omnibert.convert.hf import (
     ConversionError,
     init_from_hf,
@@ -21,7 +30,16 @@ from omnibert.convert.hf import (
 )
 from omnibert.models import BertConfig, BertForPreTraining
 
-__all__ = ["LoadedModel", "checkpoint_kind", "load_pretrained"]
+__all__ = [
+    "FINETUNED_CKPT",
+    "LoadedModel",
+    "checkpoint_kind",
+    "finetune_recipe",
+    "load_pretrained",
+]
+
+#: Where an omnibert-finetune run keeps its fine-tuned weights, under its run directory.
+FINETUNED_CKPT = Path("checkpoints") / "final.ckpt"
 
 
 @dataclass
@@ -35,17 +53,41 @@ class LoadedModel:
     vocab_file: str | None = None
     #: the heads the checkpoint lacked, left freshly initialised (``require_heads=False``)
     fresh_heads: tuple[str, ...] = ()
+    #: a Hugging Face fine-tuned model's task head (``qa_outputs.*`` / ``classifier.*``)
+    task_head: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def finetune_recipe(hparams: Any) -> dict[str, Any] | None:
+    """The task recipe in an ``omnibert-finetune`` checkpoint's hyper-parameters (a recipe
+    with its ``data`` node, or the ``format`` of older runs); ``None`` for any other."""
+    recipe = hparams.get("recipe") if isinstance(hparams, Mapping) else None
+    if isinstance(recipe, Mapping) and ("data" in recipe or "format" in recipe):
+        return dict(recipe)
+    return None
+
+
+def _is_finetuned_file(file: Path) -> bool:
+    try:  # memory-mapped: only the hyper-parameters are read
+        ckpt = load_checkpoint(file, mmap=True)
+    except Exception:
+        return False  # damaged or foreign: the loader that reads it says which, and why
+    return isinstance(ckpt, Mapping) and finetune_recipe(ckpt.get("hyper_parameters")) is not None
 
 
 def checkpoint_kind(path: str | Path, key: str = "ckpt") -> str:
-    """``omnibert`` (a file), ``huggingface`` (a directory with config.json) or ``tf1`` (a
-    prefix whose ``.index`` exists); one sentence naming ``key`` (the setting the user
-    typed) when it is none of them."""
+    """``finetuned`` (an ``omnibert-finetune`` run: its directory holding
+    ``checkpoints/final.ckpt``, or a file whose hyper-parameters hold a task recipe),
+    ``omnibert`` (any other file: a pretraining ``.ckpt``, checked when it is loaded),
+    ``huggingface`` (a directory with config.json) or ``tf1`` (a prefix whose ``.index``
+    exists); one sentence naming ``key`` (the setting the user typed) when it is none of
+    them."""
     path = Path(path)
     if path.is_file() and path.suffix != ".index":
-        return "omnibert"
+        return "finetuned" if _is_finetuned_file(path) else "omnibert"
     if path.is_dir() and (path / "config.json").is_file():
         return "huggingface"
+    if path.is_dir() and (path / FINETUNED_CKPT).is_file():
+        return "finetuned"
     prefix = path.with_suffix("") if path.suffix == ".index" else path
     if Path(f"{prefix}.index").is_file():
         return "tf1"
@@ -77,10 +119,18 @@ def load_pretrained(
     the one next to it). A checkpoint without the pretraining heads (a bare ``BertModel``) is
     refused: its masked-LM and next-sentence outputs would be random; fine-tuning, which
     reads only the encoder, passes ``require_heads=False`` and gets the missing heads listed
-    in ``fresh_heads``. ``key`` is the setting that named ``path`` (``ckpt``,
-    ``model.init_from``): messages name it.
+    in ``fresh_heads``, and a Hugging Face fine-tuned model's head in ``task_head``. An
+    ``omnibert-finetune`` run is refused (fine-tuning reads those itself:
+    :mod:`omnibert.run.finetune_init`). ``key`` is the setting that named ``path``
+    (``ckpt``, ``model.init_from``): messages name it.
     """
     kind = checkpoint_kind(path, key)
+    if kind == "finetuned":
+        raise ConversionError(
+            f"{key}={path} is an omnibert-finetune run (a fine-tuned encoder and task head, "
+            "without the masked-LM and next-sentence heads); pass a pretraining checkpoint, "
+            "e.g. the model.init_from that run started from."
+        )
     if kind == "omnibert":
         model, hparams = model_from_pretraining_checkpoint(path, key)
         return LoadedModel(
@@ -91,8 +141,9 @@ def load_pretrained(
         model = BertForPreTraining(config)
         report = init_from_hf(model, path)
         if report.fresh_heads and require_heads:
+            what = "a fine-tuned task model" if report.task_head else "a bare BertModel"
             raise ConversionError(
-                f"{key}={path} has no {', '.join(report.fresh_heads)} weights (a bare BertModel), "
+                f"{key}={path} has no {', '.join(report.fresh_heads)} weights ({what}), "
                 "so its masked-LM and next-sentence outputs would be random; pass a "
                 "BertForPreTraining checkpoint."
             )
@@ -104,6 +155,7 @@ def load_pretrained(
             report.summary(),
             str(vocab) if vocab.is_file() else None,
             tuple(report.fresh_heads),
+            report.task_head,
         )
     return _load_tf1(Path(path), bert_config)
 

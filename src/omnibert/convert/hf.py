@@ -4,12 +4,18 @@
   (``model.safetensors`` or ``pytorch_model.bin``, sharded or not) into our model; the real
   vocabulary rows go into the padded embedding, buffers such as ``position_ids`` are ignored,
   and every mismatch is refused in one sentence before the model changes.
+  A fine-tuned model's directory (``BertForQuestionAnswering`` / ``BertForSequenceClassification``)
+  also holds its task head (``qa_outputs.*`` / ``classifier.*``): :attr:`ImportReport.task_head`
+  hands it to fine-tuning, which keeps it when it is the task's head.
 * :func:`export_hf` writes ``model.safetensors`` + ``config.json`` + ``vocab.txt`` that
   ``transformers.BertForPreTraining.from_pretrained`` loads with no missing or unexpected key.
   The vocab padding rows are stripped (``vocab_size`` = the real vocab). The tied decoder
   tensors (``cls.predictions.decoder.weight``/``.bias`` are the word embedding and
   ``cls.predictions.bias``) are not written, exactly as ``save_pretrained`` does, because
-  safetensors refuses shared tensors; ``from_pretrained`` ties them again.
+  safetensors refuses shared tensors; ``from_pretrained`` ties them again. Fine-tuned models
+  (:mod:`omnibert.models.heads`) go out through the same function with their own
+  ``config.json`` and the tokenizer files ``AutoTokenizer`` reads
+  (:func:`omnibert.run.inference.export_hf_finetuned`).
 * :func:`load_pretraining_checkpoint` reads a Lightning checkpoint of the pretraining task.
 """
 
@@ -21,10 +27,11 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
@@ -36,6 +43,18 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 VOCAB_KEYS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias")
 #: Modules a bare ``BertModel`` checkpoint may lack; they then stay freshly initialised.
 HEADS = ("bert.pooler", "cls.predictions", "cls.seq_relationship")
+#: The fine-tuning heads of Hugging Face's BertForQuestionAnswering / ...SequenceClassification.
+TASK_HEADS = ("qa_outputs", "classifier")
+#: What the pretraining loaders ask for; an app that takes more kinds names them instead.
+PRETRAINING_CHECKPOINT = "a checkpoint written by omnibert-train's pretraining task"
+#: The special tokens of every BERT vocab, as Hugging Face's BertTokenizer names them.
+SPECIAL_TOKENS = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
 _BUFFER_SUFFIXES = ("position_ids", "token_type_ids")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -52,6 +71,9 @@ class ImportReport:
     loaded: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    #: a fine-tuned checkpoint's task head (``qa_outputs.*`` or ``classifier.*``), not loaded
+    #: into the pretraining model, which has none
+    task_head: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def fresh_heads(self) -> list[str]:
@@ -126,8 +148,9 @@ def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
     """Load a Hugging Face BERT checkpoint directory into ``model`` (in place).
 
     Accepts ``BertForPreTraining``-style keys (``bert.*``, ``cls.*``) and bare ``BertModel``
-    keys (no prefix, no heads: the heads keep their current values and are reported).
-    Raises :class:`ConversionError` before touching ``model`` on any mismatch.
+    keys (no prefix, no heads: the heads keep their current values and are reported). A
+    fine-tuned model's head (``qa_outputs.*``, ``classifier.*``) is returned in the report's
+    ``task_head``. Raises :class:`ConversionError` before touching ``model`` on any mismatch.
     """
     path = Path(path)
     if not path.is_dir():
@@ -157,9 +180,13 @@ def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
     vocab = ours.vocab_size
     updates: dict[str, torch.Tensor] = {}
     ignored: list[str] = []
+    task_head: dict[str, torch.Tensor] = {}
     source = files[0].name if len(files) == 1 else f"{len(files)} shards"
     for key, tensor in tensors.items():
         name = _hf_name(key, bare)
+        if key.split(".")[0] in TASK_HEADS:
+            task_head[key] = tensor
+            continue
         if name.endswith(_BUFFER_SUFFIXES) or name in TIED_KEYS or name not in params:
             ignored.append(key)
             continue
@@ -193,7 +220,11 @@ def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
             target = params[name]
             (target[:vocab] if name in VOCAB_KEYS else target).copy_(tensor)
     return ImportReport(
-        source=str(path), loaded=sorted(updates), missing=missing, ignored=sorted(ignored)
+        source=str(path),
+        loaded=sorted(updates),
+        missing=missing,
+        ignored=sorted(ignored),
+        task_head=task_head,
     )
 
 
@@ -203,25 +234,42 @@ def _count_lines(vocab_file: Path) -> int:
 
 
 def export_hf(
-    model: BertForPreTraining,
+    model: nn.Module,
     out_dir: str | Path,
     vocab_file: str | Path | None,
     *,
     overwrite: bool = False,
+    hf_config: Mapping[str, Any] | None = None,
+    leave_out: tuple[str, ...] = (),
+    lower_case: bool | None = None,
 ) -> list[Path]:
-    """Write a Hugging Face ``BertForPreTraining`` checkpoint; returns the files written.
+    """Write a Hugging Face checkpoint directory; returns the files written.
 
-    ``out_dir`` must be empty or absent unless ``overwrite`` (then our three files are
+    ``model`` is a :class:`BertForPreTraining` (its ``config.json`` names
+    ``BertForPreTraining``), or a fine-tuned model of :mod:`omnibert.models.heads` with
+    ``hf_config`` (the ``config.json`` to write: its ``architectures``, labels) and
+    ``leave_out`` (module prefixes Hugging Face's class lacks: the QA model's pooler).
+    ``lower_case`` (not ``None``) adds ``tokenizer_config.json`` and
+    ``special_tokens_map.json``, so that ``AutoTokenizer.from_pretrained`` lower-cases (and
+    strips accents) exactly when the model was trained so; without them it would lower-case
+    any vocab, cased ones included.
+
+    ``out_dir`` must be empty or absent unless ``overwrite`` (then the files written are
     replaced and nothing else is touched). ``vocab_file`` must have ``vocab_size`` lines.
     """
     out = Path(out_dir)
-    config = model.config
+    config = cast(BertConfig, model.config)
+    names = ["model.safetensors", "config.json"]
+    if vocab_file is not None:
+        names.append("vocab.txt")
+    if lower_case is not None:
+        names += ["tokenizer_config.json", "special_tokens_map.json"]
     if out.exists() and not out.is_dir():
         raise ConversionError(f"export directory {out} is a file; choose another out=.")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConversionError(
             f"export directory {out} is not empty; choose an empty out= or pass overwrite=true "
-            "(only model.safetensors, config.json and vocab.txt are replaced)."
+            f"(only {', '.join(names[:-1])} and {names[-1]} are replaced)."
         )
     vocab_path = Path(vocab_file) if vocab_file is not None else None
     if vocab_path is not None:
@@ -238,19 +286,32 @@ def export_hf(
             )
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
-        if name in TIED_KEYS:
+        if name in TIED_KEYS or name.startswith(tuple(f"{m}." for m in leave_out)):
             continue
         if name in VOCAB_KEYS:
             tensor = tensor[: config.vocab_size]
         tensors[name] = tensor.detach().to("cpu").contiguous().clone()
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "model.safetensors", out / "config.json"]
+    written = [out / name for name in names]
     save_file(tensors, str(written[0]), metadata={"format": "pt"})
     os.chmod(written[0], 0o666 & ~_umask())  # safetensors writes 0600; like the others
-    written[1].write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+    hf = dict(hf_config) if hf_config is not None else config.to_hf_dict()
+    written[1].write_text(json.dumps(hf, indent=2) + "\n")
     if vocab_path is not None:
-        written.append(out / "vocab.txt")
-        shutil.copyfile(vocab_path, written[-1])
+        shutil.copyfile(vocab_path, written[2])
+    if lower_case is not None:
+        tokenizer = {
+            "tokenizer_class": "BertTokenizer",
+            # omnibert's WordPiece (omnibert.finetune.tokenizer) strips accents exactly when
+            # it lower-cases, as BertTokenizer does with strip_accents null; said explicitly
+            "do_lower_case": lower_case,
+            "strip_accents": lower_case,
+            "tokenize_chinese_chars": True,
+            "model_max_length": config.max_position_embeddings,
+            **SPECIAL_TOKENS,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
+        (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
     return written
 
 
@@ -285,14 +346,15 @@ def _umask() -> int:
 
 
 def load_pretraining_checkpoint(
-    ckpt_path: str | Path, key: str = "ckpt"
+    ckpt_path: str | Path, key: str = "ckpt", wanted: str = PRETRAINING_CHECKPOINT
 ) -> tuple[BertConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """``(config, model state dict, hyper-parameters)`` of a pretraining Lightning checkpoint.
 
     The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
     and ``state_dict`` keys ``'model.' + <parameter name>``. ``key`` is the setting that named
     it (``ckpt``, ``model.init_from``), for the messages: a file torch cannot load is called
-    damaged, with the intact checkpoint beside it (:mod:`omnibert.ckpt_files`).
+    damaged, with the intact checkpoint beside it (:mod:`omnibert.ckpt_files`); a file that is
+    not a pretraining checkpoint is refused with "pass ``wanted``" (what the caller takes).
     """
     path = Path(ckpt_path)
     if path.is_dir():
@@ -308,8 +370,8 @@ def load_pretraining_checkpoint(
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
     if not isinstance(hparams, Mapping) or "model_config" not in hparams:
         raise ConversionError(
-            f"checkpoint {path} has no hyper_parameters['model_config']; pass a checkpoint "
-            "written by omnibert-train's pretraining task."
+            f"checkpoint {path} is not an omnibert checkpoint (it has no "
+            f"hyper_parameters['model_config']); pass {wanted}."
         )
     try:
         config = BertConfig.from_dict(hparams["model_config"])
@@ -335,17 +397,17 @@ def load_pretraining_checkpoint(
             detail = f"{wrong[0]} has shape {shape}, the config needs {needed}"
         raise ConversionError(
             f"checkpoint {path} does not hold the model its model_config describes ({detail}); "
-            "pass a checkpoint written by omnibert-train's pretraining task."
+            f"pass {wanted}."
         )
     return config, state, dict(hparams)
 
 
 def model_from_pretraining_checkpoint(
-    ckpt_path: str | Path, key: str = "ckpt"
+    ckpt_path: str | Path, key: str = "ckpt", wanted: str = PRETRAINING_CHECKPOINT
 ) -> tuple[BertForPreTraining, dict[str, Any]]:
     """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters
-    (``key``: the setting that named it, for messages)."""
-    config, state, hparams = load_pretraining_checkpoint(ckpt_path, key)
+    (``key``: the setting that named it, ``wanted``: what to pass instead, for messages)."""
+    config, state, hparams = load_pretraining_checkpoint(ckpt_path, key, wanted)
     model = BertForPreTraining(config)
     model.load_state_dict(state, strict=False)
     return model, hparams

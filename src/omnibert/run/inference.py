@@ -1,5 +1,6 @@
 """A fine-tuned checkpoint back as a task (``omnibert-predict``, tests, benchmarks) and its
-Hugging Face export.
+Hugging Face export (``omnibert-export``): ``BertForQuestionAnswering`` or
+``BertForSequenceClassification`` with the tokenizer files ``AutoTokenizer`` reads.
 
 A checkpoint of :mod:`omnibert.tasks.finetuning` holds its hparams (model config, recipe,
 vocab path) and ``state_dict`` (``model.`` + Hugging Face names), so it rebuilds from itself;
@@ -9,16 +10,19 @@ one two levels up from ``checkpoints/final.ckpt``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = ["Finetuned", "export_hf_question_answering", "load_finetuned", "task_class"]
-
-FINAL = Path("checkpoints") / "final.ckpt"
+__all__ = [
+    "Finetuned",
+    "export_hf_finetuned",
+    "export_hf_question_answering",
+    "load_finetuned",
+    "task_class",
+]
 
 
 @dataclass
@@ -30,6 +34,8 @@ class Finetuned:
 
 
 def _checkpoint_file(path: Path) -> Path:
+    from omnibert.convert.checkpoints import FINETUNED_CKPT as FINAL  # imports torch
+
     if path.is_dir():
         if (path / FINAL).is_file():
             return path / FINAL
@@ -56,6 +62,7 @@ def task_class(recipe: dict[str, Any]) -> Any:
 def load_finetuned(path: str | Path) -> Finetuned:
     """The fine-tuned task stored at ``path`` (a run directory or a ``.ckpt``), in eval mode."""
     from omnibert.compat import load_checkpoint
+    from omnibert.convert.checkpoints import finetune_recipe
 
     file = _checkpoint_file(Path(path))
     try:
@@ -65,8 +72,8 @@ def load_finetuned(path: str | Path) -> Finetuned:
 
         raise FineTuneInputError(unreadable_checkpoint("ckpt", file, err)) from err
     hparams = ckpt.get("hyper_parameters") or {}
-    recipe = hparams.get("recipe") or {}
-    if "data" not in recipe and "format" not in recipe:
+    recipe = finetune_recipe(hparams)
+    if recipe is None:
         raise FineTuneInputError(
             f"ckpt={file} is not an omnibert-finetune checkpoint (no task recipe); pass the "
             "run directory of an omnibert-finetune run."
@@ -85,26 +92,68 @@ def load_finetuned(path: str | Path) -> Finetuned:
     return Finetuned(task, recipe, vocab, file)
 
 
-def export_hf_question_answering(finetuned: Finetuned, out_dir: str | Path) -> Path:
-    """``model.safetensors`` + ``config.json`` + ``vocab.txt`` that
-    ``transformers.BertForQuestionAnswering.from_pretrained`` loads with no missing or
-    unexpected key (the real vocab rows; no pooler, which HF's QA model lacks)."""
-    from safetensors.torch import save_file
+def export_hf_finetuned(
+    finetuned: Finetuned,
+    out_dir: str | Path,
+    *,
+    vocab_file: str | Path | None = None,
+    overwrite: bool = False,
+) -> list[Path]:
+    """The fine-tuned model as Hugging Face's task model; returns the files written.
+
+    SQuAD (v1.1, v2.0): ``BertForQuestionAnswering`` (no pooler: HF's QA model has none);
+    GLUE: ``BertForSequenceClassification`` with the task's label names as
+    ``id2label``/``label2id``, STS-B as ``problem_type="regression"`` with one output.
+    ``model.safetensors`` + ``config.json`` (``architectures``, ``finetuning_task``) +
+    ``vocab.txt`` (the run's, or ``vocab_file``) + ``tokenizer_config.json`` and
+    ``special_tokens_map.json`` lower-casing as the run did, so that
+    ``AutoModelFor...`` and ``AutoTokenizer.from_pretrained`` (and ``pipeline``) load the
+    directory unchanged, with no missing or unexpected key. ``out_dir``: empty or absent
+    unless ``overwrite`` (:func:`omnibert.convert.hf.export_hf`).
+    """
+    from omnibert.convert.hf import export_hf
+    from omnibert.finetune.tokenizer import vocab_is_uncased
 
     model = finetuned.task.model
-    config = model.config
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for name, tensor in model.state_dict().items():
-        if name.startswith("bert.pooler."):
-            continue
-        if name == "bert.embeddings.word_embeddings.weight":
-            tensor = tensor[: config.vocab_size]
-        tensors[name] = tensor.detach().cpu().contiguous().clone()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    hf = config.to_hf_dict()
-    hf["architectures"] = ["BertForQuestionAnswering"]
-    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    (out / "vocab.txt").write_bytes(finetuned.vocab_file.read_bytes())
-    return out
+    hf = model.config.to_hf_dict()
+    hf["finetuning_task"] = finetuned.recipe.get("name")
+    leave_out: tuple[str, ...] = ()
+    if finetuned.task.head == "question_answering":
+        hf["architectures"] = ["BertForQuestionAnswering"]
+        leave_out = ("bert.pooler",)
+    else:
+        hf["architectures"] = ["BertForSequenceClassification"]
+        hf.update(_labels(finetuned.recipe, int(model.num_labels)))
+    return export_hf(
+        model,
+        out_dir,
+        vocab_file if vocab_file is not None else finetuned.vocab_file,
+        overwrite=overwrite,
+        hf_config=hf,
+        leave_out=leave_out,
+        lower_case=vocab_is_uncased(finetuned.vocab_file),  # what the run's tokenizer did
+    )
+
+
+def _labels(recipe: dict[str, Any], num_labels: int) -> dict[str, Any]:
+    """``problem_type``, ``id2label`` and ``label2id`` of a classification head: the task's
+    label names (:class:`omnibert.finetune.glue.GlueData`), Hugging Face's ``LABEL_<i>``
+    where the task has none (STS-B's one score)."""
+    from omnibert.run.finetuning import task_data
+
+    names = getattr(task_data(recipe), "label_names", None)
+    if names is None or len(names) != num_labels:
+        names = [f"LABEL_{i}" for i in range(num_labels)]
+    regression = num_labels == 1
+    return {
+        # HF's pipeline applies no function to a regression output (a sigmoid to any other
+        # single output) and HF's loss is MSE for it, as omnibert's STS-B head
+        "problem_type": "regression" if regression else "single_label_classification",
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+    }
+
+
+def export_hf_question_answering(finetuned: Finetuned, out_dir: str | Path) -> Path:
+    """:func:`export_hf_finetuned` of a SQuAD run; returns the directory."""
+    return export_hf_finetuned(finetuned, out_dir)[0].parent

@@ -8,8 +8,9 @@ came from, the vocab), so a fine-tuned checkpoint reloads from itself with
 ``"model." + <Hugging Face name>`` (``bert.*``, ``qa_outputs.*``, ``classifier.*``).
 
 The encoder's weights come from :meth:`FineTuningTask.load_encoder` (a model read by
-:func:`omnibert.convert.checkpoints.load_pretrained`); the head stays freshly initialised and
-the keys that were new are returned for the run's log. The optimiser is the configured one
+:func:`omnibert.convert.checkpoints.load_pretrained`); the head stays freshly initialised,
+unless the checkpoint is a Hugging Face fine-tuned model with this task's head, and the keys
+that were new are returned for the run's log. The optimiser is the configured one
 (AdamW, no decay on bias/LayerNorm) with the configured per-step schedule (linear warmup and
 decay). The training losses of every step are kept (``train_losses``) for the summary.
 """
@@ -90,14 +91,24 @@ class FineTuningTask(pl.LightningModule):
         raise NotImplementedError
 
     def load_encoder(
-        self, encoder_state: Mapping[str, Tensor], fresh: tuple[str, ...]
+        self,
+        encoder_state: Mapping[str, Tensor],
+        fresh: tuple[str, ...],
+        head: Mapping[str, Tensor] | None = None,
     ) -> list[str]:
-        """Copy the pretrained encoder (``bert.*`` keys without the prefix) in; returns the
-        parameter names left freshly initialised (the head, and the pooler when the
-        checkpoint had none: ``fresh`` lists such encoder modules, e.g. ``bert.pooler``)."""
+        """Copy the pretrained encoder (``bert.*`` keys without the prefix) in, and ``head``
+        (this task's head of a fine-tuned model, under its :data:`HEAD_KEYS` names) when
+        given; returns the parameter names left freshly initialised (the head when not given,
+        and the pooler when the checkpoint had none: ``fresh`` lists such encoder modules,
+        e.g. ``bert.pooler``)."""
         bert: nn.Module = self.model.bert  # type: ignore[assignment]
         bert.load_state_dict(dict(encoder_state), strict=True)
         new = list(HEAD_KEYS[self.head])
+        if head is not None:
+            with torch.no_grad():
+                for name in new:
+                    self.model.get_parameter(name).copy_(head[name])
+            new = []
         for module in fresh:
             if module.startswith("bert."):
                 sub = bert.get_submodule(module.removeprefix("bert."))
