@@ -288,3 +288,156 @@ def test_per_token_logits_are_the_same_at_every_batch_size_and_width(runs, tmp_p
         for a, b in zip(got, want, strict=True):
             assert np.all(np.isneginf(a[padding])), name
             np.testing.assert_allclose(a[~padding], b[~padding], rtol=0, atol=1e-5, err_msg=name)
+
+
+# ---- text from the command line and from standard input, through omnibert-predict's main()
+#: every character Hydra's override grammar reads as syntax, and more: the texts must reach
+#: the model exactly as the shell passed them
+TRICKY = "a; b, c (d) e=f 'g' \"h\" [i] {j} $k $(l) `m` \\n é 中文 🙂"
+QUESTION = f"What is the capital of Zorbia? ({TRICKY})\nsecond line"
+CONTEXT = (
+    f"The capital of Zorbia is Quellton; it has (many) hills = [ponds] & {{lakes}}, {TRICKY}."
+    "\nThe second line names Quellton again."
+)
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The inputs each prediction read (the dataset the model is given)."""
+    from omnibert.run import predicting
+
+    got = []
+    original = predicting.read_inputs
+
+    def spy(cfg, data):
+        got.append(original(cfg, data))
+        return got[-1]
+
+    monkeypatch.setattr(predicting, "read_inputs", spy)
+    return got
+
+
+def _main(monkeypatch, capsys, tmp_path, *argv, stdin=None):
+    """omnibert-predict's entry point with this command line (and standard input):
+    ``(exit code, stdout, stderr)``."""
+    import io
+
+    monkeypatch.setattr(sys, "argv", ["omnibert-predict", *argv,
+                                      f"hydra.run.dir={tmp_path / 'hydra'}"])  # fmt: skip
+    if stdin is not None:
+        stream = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
+        monkeypatch.setattr(sys, "stdin", stream)
+    capsys.readouterr()
+    try:
+        predict.main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_any_text_on_the_command_line_reaches_the_model_as_written(
+    runs, tmp_path, monkeypatch, capsys, seen
+):
+    squad_dir, _, _ = runs["squad"]
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={squad_dir}",
+                           f"question={QUESTION}", f"context={CONTEXT}")  # fmt: skip
+    assert code == 0, err
+    (record,) = _records(out)
+    assert seen[-1].dataset["question"] == [QUESTION]
+    assert seen[-1].dataset["context"] == [CONTEXT]
+    answer, start = record["answer"], record["start"]
+    assert answer and CONTEXT[start : start + len(answer)] == answer  # offsets into the text
+    sst2_dir, _, _ = runs["sst2"]
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={sst2_dir}", f"text={TRICKY}")
+    assert code == 0, err
+    assert seen[-1].dataset["sentence"] == [TRICKY]
+    (one,) = _records(out)
+    assert one == predict.run(predict.with_texts(compose("predict", [f"ckpt={sst2_dir}"]),
+                                                 {"text": TRICKY}))  # fmt: skip
+    mrpc_dir, _, _ = runs["mrpc"]
+    pair = ("=(x)", "y=[1, 2]; z={'k': \"v\"}")  # text that looks like Hydra overrides
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={mrpc_dir}",
+                           f"text={pair[0]}", f"text_pair={pair[1]}", "batch_size=1")  # fmt: skip
+    assert code == 0, err
+    assert [seen[-1].dataset[c][0] for c in ("sentence1", "sentence2")] == list(pair)
+    cases = {  # exit code 2, one line
+        "text= is empty; put the text after the =": [f"ckpt={sst2_dir}", "text="],
+        "text= is given twice; pass it once.": [f"ckpt={sst2_dir}", "text=a", "text=b"],
+        "is a task=sst2 model, which reads one sentence: drop text_pair=": [
+            f"ckpt={sst2_dir}", "text=a", f"text_pair={TRICKY}"],
+    }  # fmt: skip
+    for message, argv in cases.items():
+        code, out, err = _main(monkeypatch, capsys, tmp_path, *argv)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_standard_input_as_plain_lines_and_json_lines(runs, tmp_path, monkeypatch, capsys, seen):
+    sst2_dir, _, _ = runs["sst2"]
+    lines = [TRICKY, "a gripping film", "", "中文 🙂 and more"]
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={sst2_dir}", "input_file=-",
+                           stdin="\n".join(lines) + "\n")  # fmt: skip
+    assert code == 0, err
+    records = _records(out)
+    assert out.count("\n") == len(records) == 3  # stdout holds the records alone
+    assert seen[-1].dataset["sentence"] == [x for x in lines if x]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    jsonl = tmp_path / "s.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": x}) + "\n" for x in lines if x))
+    _predict(f"ckpt={sst2_dir}", f"input_file={jsonl}", f"out={tmp_path / 'f.jsonl'}")
+    assert records == _jsonl(tmp_path / "f.jsonl")
+    mrpc_dir, _, _ = runs["mrpc"]
+    pairs = [(TRICKY, "He went away."), ("He left.", "中文 = 🙂")]
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={mrpc_dir}", "input_file=-",
+                           stdin="".join(f"{a}\t{b}\r\n" for a, b in pairs))  # fmt: skip
+    assert code == 0, err
+    plain = _records(out)
+    assert [(r["sentence1"], r["sentence2"]) for r in seen[-1].dataset] == pairs
+    stdin = "".join(json.dumps({"sentence1": a, "sentence2": b}) + "\n" for a, b in pairs)
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={mrpc_dir}", "input_file=-",
+                           f"out={tmp_path / 'm.jsonl'}", stdin=stdin)  # fmt: skip
+    assert code == 0 and "2 task=mrpc records written" in out, err
+    assert _jsonl(tmp_path / "m.jsonl") == plain
+    squad_dir, _, _ = runs["squad"]
+    stdin = json.dumps({"id": "q1", "question": QUESTION, "context": CONTEXT}) + "\n"
+    code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={squad_dir}", "input_file=-",
+                           stdin=stdin)  # fmt: skip
+    assert code == 0, err
+    (answer,) = _records(out)
+    assert answer["id"] == "q1" and answer["answer"] in CONTEXT
+    cases = {  # exit code 2, one line, before the model runs
+        "task=squad answers a question from its context: pipe JSON Lines": (squad_dir, "Who?\n"),
+        "line 2 has 1 TAB-separated fields; task=mrpc reads two texts separated by one TAB": (
+            mrpc_dir, "a\tb\nno tab\n"),
+        "line 1 has 2 TAB-separated fields; task=sst2 reads one text and no TAB": (
+            sst2_dir, "a\tb\n"),
+        "input_file=- (standard input) holds no inputs": (sst2_dir, "\n \n"),
+        "input_file=- (standard input) line 2 is not JSON": (sst2_dir, '{"text": "a"}\n{x\n'),
+    }  # fmt: skip
+    for message, (run_dir, text) in cases.items():
+        code, out, err = _main(monkeypatch, capsys, tmp_path, f"ckpt={run_dir}", "input_file=-",
+                               stdin=text)  # fmt: skip
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_the_console_script_takes_text_and_standard_input(runs, tmp_path):
+    """The installed ``omnibert-predict`` itself, with no shell in between: the argument's
+    bytes after ``text=`` are the sentence, and standard input is read when piped."""
+    sst2_dir, _, _ = runs["sst2"]
+    script = str(Path(sys.executable).parent / "omnibert-predict")
+    common = dict(capture_output=True, text=True, timeout=300, cwd=tmp_path, encoding="utf-8")
+    one = subprocess.run([script, f"ckpt={sst2_dir}", f"text={TRICKY}", "hydra.run.dir=h"],
+                         **common)  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    many = subprocess.run([script, f"ckpt={sst2_dir}", "input_file=-", "hydra.run.dir=h"],
+                          input=f"{TRICKY}\nanother line\n", **common)  # fmt: skip
+    assert many.returncode == 0, many.stderr
+    records = _records(many.stdout)
+    (single,) = _records(one.stdout)
+    assert len(records) == 2 and records[0]["label"] == single["label"]
+    assert records[0]["probability"] == pytest.approx(single["probability"], abs=1e-5)

@@ -34,8 +34,9 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
+    step = "" if report["step"] is None else f", step {report['step']:,}"
     print(
-        f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}) on "
+        f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}{step}) on "
         f"{report['samples']:,} samples, {report['masked_tokens']:,} masked tokens\n"
         f"  masked-LM accuracy  {report['mlm_accuracy']:.5f} (majority baseline "
         f"{report['mlm_majority_baseline']:.5f})\n"

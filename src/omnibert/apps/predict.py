@@ -4,31 +4,72 @@ Wiring only: load the run's checkpoint, its task's data spec and vocab
 (:func:`omnibert.run.inference.load_finetuned`), read and check the inputs
 (:mod:`omnibert.run.predicting`), predict with the task's own features and post-processing
 (:func:`omnibert.run.finetuning.predict_outputs`), write JSON Lines (one record per input) to
-``out`` or print the one record; with a labelled file, print the task's metrics.
+``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``);
+with a labelled file, print the task's metrics.
+
+Text is not configuration: ``question=``, ``context=``, ``text=`` and ``text_pair=`` are taken
+out of the command line before Hydra parses it (:func:`split_text_arguments`), so their
+values reach the model as the shell passed them (``;``, ``,``, brackets, quotes, ``=``,
+newlines, any Unicode), and are put into the composed config afterwards. ``--help``
+describes these keys (from ``conf/predict.yaml``'s comments) and ``--version`` prints
+omnibert's version; both answer before Hydra starts.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.apps.compose import CONFIG_PATH, register
+from omnibert.apps.compose import CONFIG_MODULE, CONFIG_PATH, group_options, register
 from omnibert.apps.preflight import preflight
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
+from omnibert.run.predicting import STDIN
 
 register()
+
+#: the keys whose values are text to predict on, never parsed by Hydra's override grammar
+TEXT_KEYS = ("question", "context", "text", "text_pair")
+#: the texts :func:`main` took out of the command line, put into the config Hydra composes
+_command_line_texts: dict[str, str] = {}
+
+
+def split_text_arguments(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``(texts, rest)``: each ``question=``/``context=``/``text=``/``text_pair=`` argument's
+    value (everything after the first ``=``, literally) and the other arguments, for Hydra."""
+    texts: dict[str, str] = {}
+    rest: list[str] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in TEXT_KEYS:
+            rest.append(arg)
+            continue
+        if key in texts:
+            raise FineTuneInputError(f"{key}= is given twice; pass it once.")
+        texts[key] = value
+    return texts, rest
+
+
+def with_texts(cfg: DictConfig, texts: dict[str, str]) -> DictConfig:
+    """``cfg`` with the command line's texts as its text keys."""
+    for key, value in texts.items():
+        cfg[key] = value
+    return cfg
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Predict as configured; returns the record for one input, or ``{"predictions", "out",
     ...metrics}`` for a file."""
-    if cfg.get("input_file") and not cfg.get("out"):
+    from_stdin = cfg.get("input_file") == STDIN
+    if cfg.get("input_file") and not cfg.get("out") and not from_stdin:
         raise FineTuneInputError("input_file= needs out=<predictions.jsonl>; set out.")
     if cfg.get("out"):
         check_writable_file(str(cfg.out), "out")
@@ -52,10 +93,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     task = finetuned.task.to(plugin.device)
     tokenizer = build_tokenizer(finetuned.vocab_file)
     autocast = plugin.autocast(str(cfg.precision))
-    records, predictions = predict_records(data, task, inputs, tokenizer, recipe, autocast)
+    to_stdout = not inputs.from_file or not cfg.get("out")
+    # records on stdout (a pipe) leave it to them alone: no progress lines there
+    progress = None if not to_stdout else False
+    records, predictions = predict_records(
+        data, task, inputs, tokenizer, recipe, autocast, progress=progress
+    )
     if not inputs.from_file:
         print(json.dumps(records[0], ensure_ascii=False))  # one JSON Lines record
         return records[0]
+    if to_stdout:
+        for record in records:
+            print(json.dumps(record, ensure_ascii=False))
+        sys.stdout.flush()
+        return {"predictions": len(records), "out": None, "records": records}
     out = Path(str(cfg.out))
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as handle:
@@ -79,13 +130,59 @@ def run_or_exit(cfg: DictConfig) -> dict[str, Any]:
         return run(cfg)
 
 
+def help_text() -> str:
+    """``--help``: what ``conf/predict.yaml`` says about omnibert-predict and each of its keys
+    (the comments there are the keys' documentation), not Hydra's list of every group."""
+    from importlib import resources
+
+    from omnibert import __version__
+
+    lines = resources.files(CONFIG_MODULE).joinpath("predict.yaml").read_text("utf-8").splitlines()
+    header: list[str] = []
+    while lines and lines[0].startswith("#"):
+        header.append(lines.pop(0)[1:].removeprefix(" "))
+    keys: list[str] = []
+    comment: list[str] = []
+    for line in lines:
+        if line.startswith("#"):
+            comment.append(line[1:].strip())
+            continue
+        match = re.match(r"([a-z_]+):\s*(.*?)\s*$", line)
+        if match and match.group(1) not in ("defaults", "hydra"):
+            name, default = match.groups()
+            keys.append(f"  {name}={default or 'null'}")
+            keys += [f"      {c}" for c in comment]
+        comment = []
+    device = re.search(r"-\s*accelerator:\s*(\S+)", "\n".join(lines))
+    keys.append(f"  accelerator={device.group(1) if device else 'cpu'}")
+    keys.append(f"      the device: {', '.join(group_options('accelerator'))}")
+    return "\n".join([
+        f"omnibert-predict {__version__}", "", *header, "", "Keys (key=value):", *keys, "",
+        "The keys other than the texts are Hydra overrides: --cfg job prints the composed "
+        "config, --hydra-help Hydra's own options.",
+    ])  # fmt: skip
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="predict")
 def _hydra_main(cfg: DictConfig) -> None:
     with exit_on("omnibert-predict"), hydra_output_discarded_when_refused():
-        run(cfg)
+        run(with_texts(cfg, _command_line_texts))
 
 
 def main() -> None:
+    with exit_on("omnibert-predict"):
+        texts, rest = split_text_arguments(sys.argv[1:])
+    if any(arg in ("-h", "--help") for arg in rest):
+        print(help_text())
+        return
+    if "--version" in rest:
+        from omnibert import __version__
+
+        print(f"omnibert-predict {__version__}")
+        return
+    sys.argv = [sys.argv[0], *rest]
+    _command_line_texts.clear()
+    _command_line_texts.update(texts)
     preflight("omnibert-predict", "predict", (), output_files=("out",))
     _hydra_main()
 

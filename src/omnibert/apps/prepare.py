@@ -1,7 +1,9 @@
 """``omnibert-prepare``: text (or WikiExtractor output) → reference-exact pretraining shards,
 and optionally an offline pack index of them (``pack.enabled=true``).
 
-Wiring only: compose the config, check it, run :func:`omnibert.prepare.pipeline.prepare` and
+Wiring only: compose the config, check it, warn when a text input looks hard-wrapped
+rather than one sentence per line (:mod:`omnibert.prepare.text_layout`), run
+:func:`omnibert.prepare.pipeline.prepare` and
 :func:`omnibert.prepare.pack_index.build_pack_index`. With ``pack.enabled=true`` and no
 ``input_files``, only the existing ``output_dir`` is packed.
 """
@@ -25,6 +27,7 @@ from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.output_dir import discarded_when_refused
 from omnibert.prepare.pack_index import build_pack_index, check_pack_settings
 from omnibert.prepare.pipeline import PrepareError, expand_input_files, prepare
+from omnibert.prepare.text_layout import wrapped_warning
 
 register()
 
@@ -57,6 +60,10 @@ def run(cfg: DictConfig) -> None:
         else cfg.input_files
     )
     check_writable_dir(cfg.output_dir, "output_dir")
+    if cfg.input_format == "text":  # read as one sentence per line: say when it is not
+        warning = wrapped_warning(expand_input_files(input_files))  # type: ignore[arg-type]
+        if warning:
+            log.warning(warning)
     vocab_file = Path(cfg.vocab_file)
     shortfalls: list[dict[str, Any]] = []  # what was produced short of what was asked
     if not vocab_file.exists() and cfg.train_vocab.enabled:

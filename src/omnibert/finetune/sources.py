@@ -14,6 +14,12 @@ or a file, all returned as a ``datasets.Dataset`` with the Hub's columns.
   ``eval_file``/``test_file`` may be a mapping ``{split name: file}`` for tasks with several
   (MNLI: ``{matched: dev_matched.tsv, mismatched: dev_mismatched.tsv}``).
 
+Before the first load by Hub name, the Hub (``HF_ENDPOINT``) is asked once whether it
+answers (:func:`hub_unreachable`: one HTTP request, ``OMNIBERT_HUB_TIMEOUT`` seconds, default
+2). When it does not (no network, a firewall, a proxy that cannot reach it), the dataset is
+loaded as with ``HF_DATASETS_OFFLINE=1``: from the cache when it is there, else one sentence
+at once; without that check ``datasets`` retries every request for about half a minute.
+
 Every problem (a missing file, a dataset not cached while offline, a split the dataset lacks)
 is one sentence naming the key or dataset and how to provide the files. ``datasets`` does not
 import torch, so all of this runs before the heavy imports.
@@ -22,16 +28,21 @@ import torch, so all of this runs before the heavy imports.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from omnibert.finetune.spec import TaskData
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = ["file_for", "load_split", "offline"]
+__all__ = ["file_for", "hub_unreachable", "load_split", "offline"]
 
 ROLE_KEYS = {"train": "data.train_file", "eval": "data.eval_file", "test": "data.test_file"}
+#: the environment variable that sets how long the Hub gets to answer (seconds)
+HUB_TIMEOUT_ENV = "OMNIBERT_HUB_TIMEOUT"
+HUB_TIMEOUT_S = 2.0
 
 
 def offline() -> bool:
@@ -41,6 +52,71 @@ def offline() -> bool:
     flags = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
     env = any(os.environ.get(f, "").upper() in ("1", "ON", "YES", "TRUE") for f in flags)
     return env or bool(getattr(datasets.config, "HF_HUB_OFFLINE", False))
+
+
+def hub_timeout() -> float:
+    """``OMNIBERT_HUB_TIMEOUT`` (seconds), else :data:`HUB_TIMEOUT_S`."""
+    value = os.environ.get(HUB_TIMEOUT_ENV, "").strip()
+    if not value:
+        return HUB_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise FineTuneInputError(
+            f"{HUB_TIMEOUT_ENV}={value} is not a positive number of seconds; fix or unset it."
+        )
+    return seconds
+
+
+def hub_endpoint() -> str:
+    """The Hub ``datasets`` talks to (``HF_ENDPOINT``, else huggingface.co)."""
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT).rstrip("/")
+
+
+def hub_unreachable() -> str | None:
+    """None when the Hub answers one HTTP request (any status below 500) within
+    :func:`hub_timeout` seconds; else what happened, as a phrase for a sentence. Asked once
+    per endpoint and timeout in a process."""
+    return _probe(hub_endpoint(), hub_timeout())
+
+
+@cache
+def _probe(endpoint: str, timeout: float) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{endpoint}/", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as err:  # it answered; 5xx: it cannot serve (or a proxy)
+        return None if err.code < 500 else f"answered HTTP {err.code}"
+    except TimeoutError:
+        return f"did not answer within {timeout:g} s ({HUB_TIMEOUT_ENV})"
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, TimeoutError):
+            return f"did not answer within {timeout:g} s ({HUB_TIMEOUT_ENV})"
+        return f"cannot be reached ({reason})"
+
+
+@contextmanager
+def _offline_mode() -> Iterator[None]:
+    """``datasets`` and ``huggingface_hub`` offline inside the block (as
+    ``HF_HUB_OFFLINE=1`` makes them): the cache only, no request, no retries."""
+    import datasets
+    from huggingface_hub import constants
+
+    before = (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = before
 
 
 def file_for(data_cfg: Mapping[str, Any], role: str, name: str, first: bool) -> tuple[Any, str]:
@@ -128,8 +204,12 @@ def _load_dataset(
     import datasets
 
     local = Path(source).is_dir()
+    unreachable = None if local or offline() else hub_unreachable()
     try:
-        return datasets.load_dataset(source, config, split=split, cache_dir=cache_dir)
+        if unreachable is None:
+            return datasets.load_dataset(source, config, split=split, cache_dir=cache_dir)
+        with _offline_mode():  # from the cache, or at once one sentence below
+            return datasets.load_dataset(source, config, split=split, cache_dir=cache_dir)
     except ValueError as err:
         text = str(err)
         if "BuilderConfig" in text and "not found" in text:
@@ -162,6 +242,12 @@ def _load_dataset(
                 f"data.dataset={source} is not a dataset in the Hub's layout for config "
                 f"{config} ({type(err).__name__}); it needs {config}/<split>-*.parquet and a "
                 "README.md naming the configs."
+            ) from err
+        if unreachable is not None:
+            raise FineTuneInputError(
+                f"the Hugging Face Hub ({hub_endpoint()}) {unreachable} and the dataset "
+                f"{source} ({config or 'default'}) is not in the cache "
+                f"({cache_dir or datasets.config.HF_DATASETS_CACHE}); {_hub_hint(data, role)}."
             ) from err
         if offline():
             raise FineTuneInputError(

@@ -7,7 +7,9 @@ set is read; its row shape is the data's own unless set) and its fit with the mo
 positions) → Lightning's ``validate`` with the pretraining task's metrics: masked-LM accuracy
 as the sum of correct predictions weighted by ``masked_lm_weights`` over the sum of weights
 (MLPerf's definition), next-sentence accuracy, the losses and the number of samples, summed
-over the whole set and every device (not a mean of batch means).
+over the whole set and every device (not a mean of batch means). The report and the
+progress line name the checkpoint's own step (its ``global_step``; a TF1 checkpoint's
+``global_step`` variable; none for a Hugging Face directory), not the fresh Trainer's 0.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     from omnibert.accelerators import build_plugin
-    from omnibert.callbacks.progress import line_progress
     from omnibert.compat import seed_everything
     from omnibert.convert.checkpoints import load_pretrained
     from omnibert.run.target_types import check_target_types
@@ -49,6 +50,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     plugin = build_plugin(cfg.accelerator)
     plugin.check_precision(str(c["precision"]))
     loaded = load_pretrained(c["ckpt"], c.get("bert_config"))
+    step = checkpoint_step(c["ckpt"], loaded.kind)
     datamodule = instantiate_node(
         cfg.data, micro_batch_size=size, eval_micro_batch_size=size, evaluate_only=True
     )
@@ -61,7 +63,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     hardware = plugin.trainer_kwargs(str(c["precision"]))
     trainer = pl.Trainer(
         **hardware,
-        callbacks=line_progress("omnibert-eval", True, sys.stdout.isatty()),
+        callbacks=[] if sys.stdout.isatty() else [_progress(step)],
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
@@ -75,6 +77,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     return {
         "checkpoint": str(c["ckpt"]),
         "checkpoint_kind": loaded.kind,
+        "step": step,
         "loaded": loaded.description,
         "model": {k: getattr(config, k) for k in MODEL_FACTS},
         "data": {
@@ -95,6 +98,44 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         "precision": str(c["precision"]),
         "seconds": round(seconds, 3),
     }
+
+
+def checkpoint_step(path: str | Path, kind: str) -> int | None:
+    """The optimiser step a checkpoint was saved at: an omnibert ``.ckpt``'s (or a
+    fine-tuning run's) ``global_step``, a TF1 checkpoint's ``global_step`` variable; None
+    when it has none (a Hugging Face directory) or it cannot be read."""
+    try:
+        if kind in ("omnibert", "finetuned"):
+            from omnibert.compat import load_checkpoint
+
+            value = load_checkpoint(path, mmap=True).get("global_step")  # no tensor is read
+        elif kind == "tf1":
+            from omnibert.convert.tf1_bundle import TF1Checkpoint
+
+            prefix = Path(path).with_suffix("") if Path(path).suffix == ".index" else Path(path)
+            bundle = TF1Checkpoint(prefix)
+            value = bundle.read("global_step").item() if "global_step" in bundle else None
+        else:
+            return None
+    except Exception:  # the model loaded: a step it does not record is not an error
+        return None
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _progress(step: int | None) -> Any:
+    """omnibert-eval's progress lines (stdout not a terminal): the validation line names the
+    checkpoint's step, since this Trainer never trained (its ``global_step`` is 0)."""
+    from omnibert.callbacks.progress import ProgressLog
+
+    class EvalProgress(ProgressLog):
+        def _print(self, trainer: Any, text: str) -> None:
+            trainers = f"validation at step {trainer.global_step}:"
+            if text.startswith(trainers):
+                own = "validation:" if step is None else f"validation at step {step}:"
+                text = own + text[len(trainers) :]
+            super()._print(trainer, text)
+
+    return EvalProgress(app="omnibert-eval")
 
 
 def _check_fit(config: Any, datamodule: Any) -> None:

@@ -489,6 +489,23 @@ def evaluate(prepared: Prepared, task: Any, run_dir: Path) -> dict[str, Any]:
     return {"metrics": metrics, "files": files}
 
 
+#: a plan with fewer optimiser steps says so: the task's recipe (made for the full data
+#: set) barely trains on a small one (27 questions at batch 32: 2 steps over 2 epochs)
+FEW_STEPS = 10
+
+
+def few_steps_notice(steps: int, recipe: dict[str, Any], examples: int) -> str | None:
+    """One line when the plan has fewer than :data:`FEW_STEPS` optimiser steps, else None."""
+    if steps >= FEW_STEPS:
+        return None
+    return (
+        f"omnibert-finetune: note: only {steps} optimiser step{'' if steps == 1 else 's'} "
+        f"({examples} training examples, task.batch_size={recipe['batch_size']}, "
+        f"task.epochs={recipe['epochs']}), too few to learn much; raise task.epochs or lower "
+        "task.batch_size for more steps."
+    )
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
     returns the summary."""
@@ -508,6 +525,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         f"micro {inputs.micro_batch_size}, accumulation {inputs.accumulate})",
         flush=True,
     )
+    notice = few_steps_notice(prepared.total_steps, inputs.recipe, len(inputs.train))
+    if notice:
+        print(notice, flush=True)
     kernels = "; ".join(f"{k} {v}" for k, v in prepared.kernels.items())
     print(f"omnibert-finetune: kernels: {kernels}", flush=True)
     built = build(prepared, run_dir)

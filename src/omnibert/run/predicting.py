@@ -16,6 +16,11 @@ Inputs by the checkpoint's task:
   is ``{"index", "label", "probability", "probabilities"}`` with the task's label names, or
   ``{"index", "score"}`` for a regression task (STS-B).
 
+``input_file=-`` reads standard input (UTF-8): JSON Lines with the keys above (the first
+non-blank line starting with ``{`` says so), or plain lines for GLUE, one text per line (a
+pair task's two texts separated by one TAB); SQuAD reads JSON Lines only (a question needs
+its context). Blank lines are skipped; a record's ``index`` counts the others.
+
 Every problem is one sentence naming the key or file and the fix, before the model runs.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +37,11 @@ from typing import Any
 
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = ["Inputs", "check_task", "predict_records", "read_inputs"]
+__all__ = ["STDIN", "Inputs", "check_task", "predict_records", "read_inputs"]
 
 ALIASES = ("text", "text_pair")  # generic names for a task's one or two text columns
+STDIN = "-"  # input_file=-: standard input
+STDIN_NAME = "input_file=- (standard input)"
 
 
 @dataclass
@@ -82,31 +90,58 @@ def check_task(cfg: Mapping[str, Any], data: Any, ckpt: str) -> None:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise FineTuneInputError(
-                    f"input_file={path} line {number} is not JSON ({err.msg}); JSON Lines hold "
-                    "one JSON object per line."
-                ) from err
-            if not isinstance(record, dict):
-                raise FineTuneInputError(
-                    f"input_file={path} line {number} is not a JSON object; write one per line."
-                )
-            records.append(record)
+        return _json_records(handle, f"input_file={path}")
+
+
+def _json_records(lines: Any, where: str) -> list[dict[str, Any]]:
+    """The JSON objects of JSON Lines (``where``: the source, for messages)."""
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise FineTuneInputError(
+                f"{where} line {number} is not JSON ({err.msg}); JSON Lines hold "
+                "one JSON object per line."
+            ) from err
+        if not isinstance(record, dict):
+            raise FineTuneInputError(
+                f"{where} line {number} is not a JSON object; write one per line."
+            )
+        records.append(record)
     if not records:
-        raise FineTuneInputError(f"input_file={path} holds no records; pass a non-empty file.")
+        raise FineTuneInputError(f"{where} holds no records; pass a non-empty file.")
     return records
 
 
-def _squad_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
+def _squad_rows(records: list[dict[str, Any]], where: str, data: Any) -> list[dict[str, Any]]:
+    rows = []
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get("question"), str) or not isinstance(
+            record.get("context"), str
+        ):
+            raise FineTuneInputError(
+                f'{where} line {number} lacks a string "question" or "context"; '
+                f'task={data.task} reads those keys (and "id").'
+            )
+        rows.append({"id": str(record.get("id", number)), "question": record["question"],
+                     "context": record["context"]})  # fmt: skip
+    return rows
+
+
+def _squad_dataset(rows: list[dict[str, Any]], from_file: bool) -> Inputs:
     import datasets
 
+    columns: dict[str, list[Any]] = {k: [r[k] for r in rows] for k in ("id", "question", "context")}
+    columns["title"] = [""] * len(rows)
+    columns["answers"] = [{"text": [], "answer_start": []} for _ in rows]
+    return Inputs(datasets.Dataset.from_dict(columns), from_file, False)
+
+
+def _squad_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
     file = cfg.get("input_file")
     if not file:
         if not cfg.get("question") or not cfg.get("context"):
@@ -115,32 +150,14 @@ def _squad_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
             )
         rows = [{"id": "question", "question": str(cfg["question"]),
                  "context": str(cfg["context"])}]  # fmt: skip
-        from_file = False
-    else:
-        path = Path(str(file))
-        if not path.is_file():
-            raise FineTuneInputError(
-                f"input_file={path} does not exist; pass a SQuAD JSON or JSONL."
-            )
-        if path.suffix != ".jsonl":
-            dataset = data.read_file(path, "input_file")
-            return Inputs(dataset, True, data.has_labels(dataset))
-        rows = []
-        for number, record in enumerate(_jsonl(path), start=1):
-            if not isinstance(record.get("question"), str) or not isinstance(
-                record.get("context"), str
-            ):
-                raise FineTuneInputError(
-                    f'input_file={path} line {number} lacks a string "question" or "context"; '
-                    f'task={data.task} reads those keys (and "id").'
-                )
-            rows.append({"id": str(record.get("id", number)), "question": record["question"],
-                         "context": record["context"]})  # fmt: skip
-        from_file = True
-    columns: dict[str, list[Any]] = {k: [r[k] for r in rows] for k in ("id", "question", "context")}
-    columns["title"] = [""] * len(rows)
-    columns["answers"] = [{"text": [], "answer_start": []} for _ in rows]
-    return Inputs(datasets.Dataset.from_dict(columns), from_file, False)
+        return _squad_dataset(rows, False)
+    path = Path(str(file))
+    if not path.is_file():
+        raise FineTuneInputError(f"input_file={path} does not exist; pass a SQuAD JSON or JSONL.")
+    if path.suffix != ".jsonl":
+        dataset = data.read_file(path, "input_file")
+        return Inputs(dataset, True, data.has_labels(dataset))
+    return _squad_dataset(_squad_rows(_jsonl(path), f"input_file={path}", data), True)
 
 
 def _text_dataset(data: Any, texts: list[list[str]]) -> Any:
@@ -151,16 +168,90 @@ def _text_dataset(data: Any, texts: list[list[str]]) -> Any:
     return datasets.Dataset.from_dict(columns)
 
 
-def _named_columns(names: list[str], data: Any, path: Path) -> list[str]:
-    """The task's text columns as ``names`` has them (or their aliases text/text_pair)."""
+def _named_columns(names: list[str], data: Any, path: Path | str) -> list[str]:
+    """The task's text columns as ``names`` has them (or their aliases text/text_pair);
+    ``path``: the file, or the source's name for messages (standard input)."""
     wanted = data.text_columns
     for candidate in (wanted, list(ALIASES[: len(wanted)])):
         if all(c in names for c in candidate):
             return list(candidate)
+    where = path if isinstance(path, str) else f"input_file={path}"
     raise FineTuneInputError(
-        f"input_file={path} has the columns ({', '.join(names) or 'none'}); task={data.task} "
+        f"{where} has the columns ({', '.join(names) or 'none'}); task={data.task} "
         f"reads {' and '.join(wanted)} (or {' and '.join(ALIASES[: len(wanted)])}): name them so."
     )
+
+
+def _glue_records(records: list[dict[str, Any]], where: str, data: Any) -> Inputs:
+    names = _named_columns(list(records[0]), data, where)
+    for number, record in enumerate(records, start=1):
+        if not all(isinstance(record.get(n), str) for n in names):
+            raise FineTuneInputError(
+                f"{where} line {number} lacks a string "
+                f"{' or '.join(repr(n) for n in names)}; give every record each."
+            )
+    return Inputs(_text_dataset(data, [[r[n] for r in records] for n in names]), True, False)
+
+
+def _stdin_lines() -> list[str]:
+    """Standard input as UTF-8 lines (a BOM dropped; only ``\\n`` ends a line, so a text
+    keeps any other separator Unicode has)."""
+    if sys.stdin is None:
+        raise FineTuneInputError(f"{STDIN_NAME} is closed; pipe the inputs in, or pass a file.")
+    if sys.stdin.isatty():
+        print(
+            "omnibert-predict: reading input_file=- from the terminal; end with Ctrl-D",
+            file=sys.stderr,
+            flush=True,
+        )
+    stream = getattr(sys.stdin, "buffer", None)
+    raw = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise FineTuneInputError(
+            f"{STDIN_NAME} is not UTF-8 text (byte {err.start}); pipe UTF-8 text."
+        ) from err
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def _stdin_inputs(data: Any) -> Inputs:
+    """The inputs of ``input_file=-``: JSON Lines, or for GLUE plain lines (module docstring)."""
+    lines = _stdin_lines()
+    first = next((line for line in lines if line.strip()), None)
+    if first is None:
+        raise FineTuneInputError(
+            f"{STDIN_NAME} holds no inputs; pipe JSON Lines or one input per line into it."
+        )
+    if first.lstrip().startswith("{"):
+        records = _json_records(lines, STDIN_NAME)
+        if _is_squad(data):
+            return _squad_dataset(_squad_rows(records, STDIN_NAME, data), True)
+        return _glue_records(records, STDIN_NAME, data)
+    if _is_squad(data):
+        raise FineTuneInputError(
+            f"{STDIN_NAME} holds plain lines, but task={data.task} answers a question from "
+            'its context: pipe JSON Lines, one {"question": ..., "context": ...} per line.'
+        )
+    width = len(data.text_columns)
+    texts: list[list[str]] = [[] for _ in range(width)]
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != width:
+            need = (
+                "two texts separated by one TAB"
+                if width == 2
+                else "one text and no TAB (a pair task's lines hold two)"
+            )
+            raise FineTuneInputError(
+                f"{STDIN_NAME} line {number} has {len(fields)} TAB-separated fields; "
+                f"task={data.task} reads {need} per line."
+            )
+        for column, value in zip(texts, fields, strict=True):
+            column.append(value)
+    return Inputs(_text_dataset(data, texts), True, False)
 
 
 def _glue_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
@@ -184,15 +275,7 @@ def _glue_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
             "(.jsonl) (a SQuAD JSON needs a task=squad or squad_v2 run)."
         )
     if path.suffix == ".jsonl":
-        records = _jsonl(path)
-        names = _named_columns(list(records[0]), data, path)
-        for number, record in enumerate(records, start=1):
-            if not all(isinstance(record.get(n), str) for n in names):
-                raise FineTuneInputError(
-                    f"input_file={path} line {number} lacks a string "
-                    f"{' or '.join(repr(n) for n in names)}; give every record each."
-                )
-        return Inputs(_text_dataset(data, [[r[n] for r in records] for n in names]), True, False)
+        return _glue_records(_jsonl(path), f"input_file={path}", data)
     try:  # the task's own GLUE TSV (dev or test layout)
         dataset = data.read_file(path, "input_file")
         return Inputs(dataset, True, data.has_labels(dataset))
@@ -233,12 +316,19 @@ def _parquet_inputs(path: Path, data: Any) -> Inputs:
 
 def read_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
     """The inputs to predict, from the command line or ``input_file``."""
-    single = any(cfg.get(k) is not None for k in ("question", "context", *ALIASES))
-    if cfg.get("input_file") and single:
+    given = [k for k in ("question", "context", *ALIASES) if cfg.get(k) is not None]
+    if cfg.get("input_file") and given:
         raise FineTuneInputError(
             "pass either one input on the command line (question=/context= or text=/text_pair=) "
             "or input_file=, not both."
         )
+    for key in given:
+        if not str(cfg[key]).strip():
+            raise FineTuneInputError(
+                f'{key}= is empty; put the text after the = ({key}="..." in the shell).'
+            )
+    if cfg.get("input_file") == STDIN:
+        return _stdin_inputs(data)
     file = Path(str(cfg.get("input_file") or ""))
     if cfg.get("input_file") and file.suffix == ".parquet" and file.is_file():
         return _parquet_inputs(file, data)
