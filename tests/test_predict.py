@@ -17,6 +17,7 @@ import pytest
 import torch
 from finetune_data import mrpc_file, squad_file
 from glue_data import hub_glue_dir
+from in_process import logging_restored
 
 from omnibert.apps import finetune, predict
 from omnibert.apps.compose import compose
@@ -329,7 +330,8 @@ def _main(monkeypatch, capsys, tmp_path, *argv, stdin=None):
         monkeypatch.setattr(sys, "stdin", stream)
     capsys.readouterr()
     try:
-        predict.main()
+        with logging_restored():
+            predict.main()
         code = 0
     except SystemExit as stop:
         code = stop.code

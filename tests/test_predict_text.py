@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from in_process import logging_restored
 
 from omnibert import __version__
 from omnibert.apps import predict
@@ -37,7 +38,8 @@ def test_texts_are_taken_out_of_the_command_line_literally():
 def _main(monkeypatch, capsys, *argv):
     monkeypatch.setattr(sys, "argv", ["omnibert-predict", *argv])
     capsys.readouterr()
-    predict.main()
+    with logging_restored():
+        predict.main()
     return capsys.readouterr()
 
 
