@@ -135,14 +135,20 @@ def _per_segment_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths
     return torch.cat(outs)
 
 
+def _streams(total: int, heads: int = 4, dim: int = 64) -> tuple[torch.Tensor, ...]:
+    """Query, key and value streams ``[total, heads, dim]`` in bf16 on CUDA, with gradients."""
+    return tuple(
+        torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+
+
 @check("varlen_attn forward and backward")
 def varlen() -> str:
     from torch.nn.attention.varlen import varlen_attn
 
     cu, lengths = _segments("cuda")
-    total, heads, dim = sum(lengths), 4, 64
-    q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))  # fmt: skip
+    q, k, v = _streams(sum(lengths))
     out = varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths))
     ref = _per_segment_sdpa(q, k, v, lengths)
     err = _rel(out, ref)
@@ -162,9 +168,7 @@ def varlen() -> str:
 @check("flash attention with dropout on cumulative lengths")
 def flash_dropout() -> str:
     cu, lengths = _segments("cuda")
-    total, heads, dim = sum(lengths), 4, 64
-    q, k, v = (torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))  # fmt: skip
+    q, k, v = _streams(sum(lengths))
     out = torch.ops.aten._flash_attention_forward(
         q, k, v, cu, cu, max(lengths), max(lengths), 0.1, False, False
     )[0]

@@ -24,6 +24,7 @@ from typing import Any
 import dynamo_counts
 import pytest
 import torch
+from training_state import assert_same_training_state, load_state
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
@@ -58,10 +59,6 @@ def _train(root: Path, *overrides: str, timeout: int = 900) -> subprocess.Comple
          *overrides],
         cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-
-
-def _state(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 # ----------------------------------------------------------------------------- training
@@ -131,17 +128,9 @@ def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path):
         tmp_path, *common, "run_name=resumed", f"ckpt_path={ckpts / 'step-00000002.ckpt'}"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    want = _state(ckpts / "last.ckpt")
-    got = _state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
-    assert want["global_step"] == got["global_step"] == 4
-    for name, tensor in want["state_dict"].items():
-        assert torch.equal(got["state_dict"][name], tensor), name
-    for a, b in zip(
-        want["optimizer_states"][0]["state"].values(),
-        got["optimizer_states"][0]["state"].values(),
-        strict=True,
-    ):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    want = load_state(ckpts / "last.ckpt")
+    got = load_state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert_same_training_state(want, got, 4)
 
 
 def test_one_gpu_ddp(tmp_path):

@@ -31,6 +31,7 @@ import pytest
 import torch
 from test_gpu import GPU_SMOKE, TESTS, _trajectory
 from torch.utils._python_dispatch import TorchDispatchMode
+from training_state import assert_same_training_state, load_state
 
 from omnibert.apps.train import run_or_exit
 
@@ -139,10 +140,6 @@ def _train(compose_config, root: Path, *overrides: str) -> dict[str, Any]:
     return run_or_exit(compose_config(*DETERMINISTIC, *overrides, root=root), root / "out")
 
 
-def _state(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def test_the_listed_ops_are_the_docstrings_and_the_mode_sees_them():
     """Each rule quotes torch's docstring (so the list follows torch), and the mode notes a
     call of each kind it is meant to catch, and not its deterministic neighbours."""
@@ -211,18 +208,9 @@ def test_resume_is_bitwise_under_deterministic_algorithms_on_the_cpu(
         "run_name=resumed",
         f"ckpt_path={ckpts / 'step-00000002.ckpt'}",
     )
-    want = _state(ckpts / "last.ckpt")
-    got = _state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
-    assert want["global_step"] == got["global_step"] == 4
-    assert want["state_dict"].keys() == got["state_dict"].keys()
-    for name, tensor in want["state_dict"].items():
-        assert torch.equal(got["state_dict"][name], tensor), name
-    for a, b in zip(
-        want["optimizer_states"][0]["state"].values(),
-        got["optimizer_states"][0]["state"].values(),
-        strict=True,
-    ):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    want = load_state(ckpts / "last.ckpt")
+    got = load_state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert_same_training_state(want, got, 4)
 
 
 # ----------------------------------------------------------------------------- training

@@ -166,24 +166,23 @@ def test_a_hard_wrapped_licence_is_recognised_and_sentences_are_not(tmp_path):
 def test_omnibert_prepare_warns_and_still_prepares(tmp_path, bert_vocab_file, caplog, capsys):
     licence = tmp_path / "LICENSE"
     licence.write_text(APACHE_2_HEAD)
-    cfg = compose("prepare", [f"input_files=[{licence}]", f"vocab_file={bert_vocab_file}",
-                              f"output_dir={tmp_path / 'out'}", "max_seq_length=32",
-                              "max_predictions_per_seq=5", "dupe_factor=1",
-                              "progress=false"])  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="omnibert.apps.prepare"):
-        prepare_app.run(cfg)
+
+    def prepare(text: Path, out: str) -> None:
+        cfg = compose("prepare", [f"input_files=[{text}]", f"vocab_file={bert_vocab_file}",
+                                  f"output_dir={tmp_path / out}", "max_seq_length=32",
+                                  "max_predictions_per_seq=5", "dupe_factor=1",
+                                  "progress=false"])  # fmt: skip
+        with caplog.at_level(logging.WARNING, logger="omnibert.apps.prepare"):
+            prepare_app.run(cfg)
+
+    prepare(licence, "out")
     warnings = [r.getMessage() for r in caplog.records if r.name == "omnibert.apps.prepare"]
     assert len(warnings) == 1 and "looks hard-wrapped" in warnings[0], warnings
     assert "documents" in capsys.readouterr().out  # a warning, not a refusal
     caplog.clear()
     sentences = tmp_path / "sentences.txt"
     sentences.write_text(SENTENCES)
-    cfg = compose("prepare", [f"input_files=[{sentences}]", f"vocab_file={bert_vocab_file}",
-                              f"output_dir={tmp_path / 'out2'}", "max_seq_length=32",
-                              "max_predictions_per_seq=5", "dupe_factor=1",
-                              "progress=false"])  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="omnibert.apps.prepare"):
-        prepare_app.run(cfg)
+    prepare(sentences, "out2")
     assert not [r for r in caplog.records if "hard-wrapped" in r.getMessage()]
 
 

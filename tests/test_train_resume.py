@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_state import assert_same_training_state, load_state
 
 from omnibert.apps.train import run_or_exit
 from omnibert.compat import lightning_resumes_after_batch_end
@@ -67,10 +68,6 @@ def _kill_at(step: int) -> str:
     return f"+callbacks.kill={{_target_:faults.KillAtStep,step:{step}}}"
 
 
-def _state(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def _in_process(compose_config, root: Path, *overrides: str) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -98,26 +95,16 @@ def straight(tmp_path_factory, compose_config) -> dict:
             "callbacks.checkpoint.save_top_k=-1",
         )
         ckpts = root / "straight" / "checkpoints"
-        runs[workers] = {"summary": summary, "ckpts": ckpts, "last": _state(ckpts / "last.ckpt")}
+        runs[workers] = {
+            "summary": summary,
+            "ckpts": ckpts,
+            "last": load_state(ckpts / "last.ckpt"),
+        }
     return runs
 
 
-def _assert_same_training_state(want: dict, got: dict) -> None:
-    assert want["global_step"] == got["global_step"] == 8
-    assert want["state_dict"].keys() == got["state_dict"].keys()
-    for name, tensor in want["state_dict"].items():
-        assert torch.equal(got["state_dict"][name], tensor), name
-    for a, b in zip(
-        want["optimizer_states"][0]["state"].values(),
-        got["optimizer_states"][0]["state"].values(),
-        strict=True,
-    ):
-        assert all(torch.equal(a[k], b[k]) for k in a)
-    assert want["lr_schedulers"] == got["lr_schedulers"]
-
-
 def test_the_loader_worker_count_does_not_change_the_run(straight):
-    _assert_same_training_state(straight[0]["last"], straight[1]["last"])
+    assert_same_training_state(straight[0]["last"], straight[1]["last"], 8)
 
 
 @pytest.mark.parametrize("torchdata", [True, False], ids=["torchdata", "without-torchdata"])
@@ -130,7 +117,7 @@ def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path, straight, torchdata
     killed = _train(tmp_path, *common, _kill_at(5), torchdata=torchdata)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert "SIGKILL at global step 5" in killed.stderr
-    saved = _state(ckpts / "last.ckpt")
+    saved = load_state(ckpts / "last.ckpt")
     assert saved["global_step"] == 5
     (loader_state,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     # torchdata's state has its own keys besides the sampler's; the fallback's only that one
@@ -143,7 +130,7 @@ def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path, straight, torchdata
     assert "resume from" in resumed.stdout and str(ckpts / "last.ckpt") in resumed.stdout
     assert not list(ckpts.glob(".*tmp*"))  # no half-written temporaries left behind
 
-    _assert_same_training_state(straight[1]["last"], _state(ckpts / "last.ckpt"))
+    assert_same_training_state(straight[1]["last"], load_state(ckpts / "last.ckpt"), 8)
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("killed/hydra/*/summary.json")]
     assert len(summaries) == 1  # the killed invocation wrote none
     assert summaries[0]["validation"] == straight[1]["summary"]["validation"]
@@ -162,8 +149,8 @@ def _resume_from_step(
         f"data.num_workers={workers}",
         f"ckpt_path={ckpt}",
     )
-    got = _state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
-    _assert_same_training_state(straight[workers]["last"], got)
+    got = load_state(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert_same_training_state(straight[workers]["last"], got, 8)
 
 
 def test_resuming_at_the_end_of_a_pass_is_bitwise(tmp_path, straight, compose_config):
@@ -309,7 +296,7 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
     target = tmp_path / "checkpoints" / "last.ckpt"
     io = AtomicCheckpointIO()
     io.save_checkpoint({"global_step": 1, "w": torch.ones(3)}, target)
-    assert _state(target)["global_step"] == 1
+    assert load_state(target)["global_step"] == 1
 
     def dies_halfway(obj, handle):
         handle.write(b"PK\x03\x04 half a zip file")
@@ -318,12 +305,12 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
     monkeypatch.setattr(checkpoint_io.torch, "save", dies_halfway)
     with pytest.raises(OSError, match="disk full"):
         io.save_checkpoint({"global_step": 2, "w": torch.zeros(3)}, target)
-    assert _state(target)["global_step"] == 1  # the old checkpoint, whole
+    assert load_state(target)["global_step"] == 1  # the old checkpoint, whole
     assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"]  # no temporary
 
     monkeypatch.undo()
     io.save_checkpoint({"global_step": 2, "w": torch.zeros(3)}, target)
-    assert _state(target)["global_step"] == 2
+    assert load_state(target)["global_step"] == 2
 
 
 def test_temporaries_of_killed_writers_are_removed_and_checkpoints_kept(tmp_path):
