@@ -126,7 +126,7 @@ def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, 
     ])  # fmt: skip
     start = time.perf_counter()
     prepared = prepare(cfg)
-    run = build(prepared, Path(prepared.inputs.c["paths"]["run_dir"]))
+    run = build(prepared, Path(prepared.config.paths.run_dir))
     if args.same_head:
         set_head(run.task.model, task, seed)
     fit(run)
@@ -245,11 +245,13 @@ class _HFAsTask(torch.nn.Module):
 def metric(task: str, model: Any, prepared: Any) -> float:
     """SQuAD F1 / MRPC accuracy of ``model`` (an omnibert task or :class:`_HFAsTask`) by
     omnibert's own evaluation of the eval file (its features and post-processing)."""
-    from omnibert.run.finetuning import predict_outputs
+    from omnibert.run.finetune_eval import predict_outputs
 
-    inputs = prepared.inputs
+    inputs = prepared.job.inputs
     dataset = inputs.evals["validation"]
-    found, _ = predict_outputs(inputs.data, model, dataset, prepared.tokenizer, inputs.recipe, None)
+    found, _ = predict_outputs(
+        inputs.data, model, dataset, prepared.job.tokenizer, inputs.recipe, None
+    )
     return float(inputs.data.scores(dataset, found)["f1" if task == "squad" else "accuracy"])
 
 
@@ -316,7 +318,7 @@ def trainer_mode(args: argparse.Namespace) -> None:
                 out = tmp / f"{task}-{who}-{seed}"
                 if who == "omnibert":
                     took, model, prepared = omnibert_run(task, files[task], args, seed, out)
-                    features = prepared.num_train_features
+                    features = prepared.plan.train_features
                 else:
                     took, hf_model, features = hf_run(task, files[task], args, seed, out)
                     model = _HFAsTask(hf_model, task == "squad")

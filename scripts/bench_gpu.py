@@ -2,7 +2,7 @@
 
 For each sequence length (128 with 20 masks, 512 with 76) and each layout (unpacked rows,
 online-packed rows), the batches come from omnibert's own wiring: ``omnibert-train``'s
-config (``data=generated``, ``accelerator=gpu``) goes through ``omnibert.run.training
+config (``data=generated``, ``accelerator=gpu``) goes through ``omnibert.run.pretraining
 .prepare``, so the plan, the precision (``auto``: bf16 where the GPU runs it), the compile
 settings and the data module are the ones a training run uses. omnibert trains its
 ``BertForPreTraining`` with the step ``compile_only`` times (``AcceleratorPlugin._train_step``:
@@ -203,9 +203,9 @@ def micro_batch(args: argparse.Namespace, seq: int) -> int:
 
 
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
-    """``omnibert.run.training.prepare`` of the training config for one case."""
+    """``omnibert.run.pretraining.prepare`` of the training config for one case."""
     from omnibert.apps.compose import compose
-    from omnibert.run.training import prepare
+    from omnibert.run.pretraining import prepare
 
     seq, packing = case.seq, case.packing
     layers, hidden, heads, inter = MODELS[case.model]
@@ -385,9 +385,9 @@ def run_case(
 ) -> dict[str, Any]:
     """Both models on ``case``'s batches (module docstring); timed rounds stop early once
     ``time.monotonic()`` passes ``deadline_at`` (at least one round runs)."""
-    from hydra.utils import instantiate
 
-    from omnibert.models import BertConfig, BertForPreTraining
+    from omnibert.models import BertForPreTraining
+    from omnibert.optim.build import build_optimizer
 
     started = time.monotonic()
     seq, packing = case.seq, case.packing
@@ -402,7 +402,7 @@ def run_case(
             compose_run(args, dataclasses.replace(case, packing="none"), root), args.steps
         )
     peer_batches = [hf_batch(b) for b in unpacked]
-    config = BertConfig(**{**prepared.c["model"]["config"], "vocab_size": plan.vocab_size})
+    config = plan.model
     torch.manual_seed(args.seed)
     ours = on_device(lambda: BertForPreTraining(config), plugin.device).train()
     theirs = HFStep(hf_model(ours)).to(plugin.device).train()
@@ -413,7 +413,7 @@ def run_case(
         options = getattr(plugin, "compile_options", {})
         compiled = {"scope": args.compile_scope, "what": what, "options": dict(options)}
     optimizers = {
-        name: instantiate(prepared.c["optimizer"], _convert_="all")(model.named_parameters())
+        name: build_optimizer(prepared.config.optimizer, model.named_parameters())
         for name, model in (("omnibert", ours), ("hf", theirs.model))
     }
     models: dict[str, nn.Module] = {"omnibert": ours, "hf": theirs}

@@ -176,7 +176,7 @@ def hub_squad_dir(root: Path, train: int = 20, evaluation: int = 8, seed: int = 
 
     _quiet()
 
-    from omnibert.finetune.squad import squad_json_columns
+    from omnibert.finetune.squad_examples import squad_json_columns
 
     features = datasets.Features({
         "id": datasets.Value("string"), "title": datasets.Value("string"),

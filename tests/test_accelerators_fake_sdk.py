@@ -20,6 +20,17 @@ FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"  # (conftest.fake_sdk puts it
 
 
 # ---------------------------------------------------------------------------------- HPU
+
+
+def _checked_optimizer(plugin, named_parameters, optimizer_cfg):
+    """What a run does with the configured optimiser: the plugin checks it, then it is built
+    (omnibert.optim.build)."""
+    from omnibert.optim.build import build_optimizer
+
+    plugin.check_optimizer(optimizer_cfg)
+    return build_optimizer(optimizer_cfg, named_parameters)
+
+
 def test_hpu_fake_lazy_mode_is_set_before_the_sdk_is_imported(fake_sdk, compose_config):
     plugin = build_plugin(compose_config("accelerator=hpu").accelerator)
     import habana_frameworks.torch.core as htcore
@@ -83,12 +94,12 @@ def test_hpu_fake_fused_lamb_only_when_chosen(fake_sdk, compose_config):
 
     plugin = build_plugin(compose_config("accelerator=hpu").accelerator)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    lamb = plugin.build_optimizer(
-        model.named_parameters(), compose_config("accelerator=hpu").optimizer
+    lamb = _checked_optimizer(
+        plugin, model.named_parameters(), compose_config("accelerator=hpu").optimizer
     )
     assert type(lamb) is Lamb
     cfg = compose_config("accelerator=hpu", "optimizer=lamb_habana").optimizer
-    fused = plugin.build_optimizer(model.named_parameters(), cfg)
+    fused = _checked_optimizer(plugin, model.named_parameters(), cfg)
     assert isinstance(fused, FusedLamb) and fused.defaults["max_grad_norm"] == 1.0
     assert len(fused.param_groups) == 2  # decay / no decay (bias, LayerNorm)
 
@@ -258,7 +269,7 @@ def test_ipu_fake_compile_only_targets_an_offline_ipu(fake_sdk, tmp_path, compos
                                           num_attention_heads=2, intermediate_size=64,
                                           max_position_embeddings=32))  # fmt: skip
     optimizer_cfg = compose_config("accelerator=ipu", "optimizer=lamb_poptorch").optimizer
-    optimizer = plugin.build_optimizer(model.named_parameters(), optimizer_cfg)
+    optimizer = _checked_optimizer(plugin, model.named_parameters(), optimizer_cfg)
     poptorch.CALLS.clear()
     report = plugin.compile_only(model, batch, optimizer)
     (training,) = _calls(poptorch.CALLS, "trainingModel")
@@ -310,9 +321,9 @@ def test_every_accelerator_builds_the_configured_optimizer(
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     if (accelerator, optimizer) in REFUSED:
         with pytest.raises(AcceleratorError, match=REFUSED[(accelerator, optimizer)]):
-            plugin.build_optimizer(model.named_parameters(), cfg.optimizer)
+            _checked_optimizer(plugin, model.named_parameters(), cfg.optimizer)
         return
-    built = plugin.build_optimizer(model.named_parameters(), cfg.optimizer)
+    built = _checked_optimizer(plugin, model.named_parameters(), cfg.optimizer)
     if optimizer in VENDOR:
         assert type(built).__name__ == VENDOR[optimizer] and built.fake  # the FAKE SDK's
     else:
@@ -329,7 +340,7 @@ def test_a_run_trains_with_the_configured_optimizer(
 ):
     """Through the app's wiring: the task's optimiser and its saved hyper-parameters are the
     configured ones (the HPU plugin used to rewrite the _target_ before)."""
-    from omnibert.run.training import build_task, prepare
+    from omnibert.run.pretraining import build_task, prepare
 
     cfg = compose_config("experiment=smoke", f"paths.output_root={tmp_path}",
                    f"accelerator={accelerator}", f"optimizer={optimizer}")  # fmt: skip

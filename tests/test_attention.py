@@ -354,7 +354,7 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
 ) -> None:
     from omnibert.apps.compose import compose
     from omnibert.apps.train import run_or_exit
-    from omnibert.run.training import prepare
+    from omnibert.run.pretraining import prepare
 
     auto = prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}"]))
     train, evaluate = (
@@ -379,7 +379,8 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
 
 def test_a_checkpoint_resumes_and_initialises_under_another_backend(tmp_path) -> None:
     """attention is how the model computes, not what: resume and init_from ignore it."""
-    from omnibert.run.checks import architecture_diffs, check_resume_target
+    from omnibert.models.config import architecture_diffs
+    from omnibert.run.checkpoints import check_resume_target
 
     written = TINY.replace(attention="varlen").to_dict()
     ckpt = tmp_path / "last.ckpt"

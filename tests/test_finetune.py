@@ -117,9 +117,11 @@ def test_logits_and_answers_equal_hugging_face_bert_for_question_answering(squad
     import torch
     import transformers
 
-    from omnibert.finetune.squad import best_answers, read_squad, squad_features
+    from omnibert.finetune.squad_answers import best_answers
+    from omnibert.finetune.squad_examples import read_squad
+    from omnibert.finetune.squad_windows import squad_features
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetuning import logits
+    from omnibert.run.finetune_eval import logits
     from omnibert.run.inference import export_hf_question_answering, load_finetuned
 
     summary, dev = squad_run

@@ -151,7 +151,7 @@ def test_a_seed_sweep_gives_a_run_per_seed_and_the_spread(tmp_path, tiny_hf, mrp
 
 
 def test_squad_template_files_are_valid_squad(tmp_path):
-    from omnibert.finetune.squad import read_squad
+    from omnibert.finetune.squad_examples import read_squad
 
     examples = read_squad(squad_file(tmp_path / "t.json", 3, seed=5, odd_text=True), "f", True)
     assert len(examples) == 9

@@ -14,9 +14,10 @@ from finetune_data import mrpc_file
 
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneData
 from omnibert.errors import UserError
 from omnibert.finetune.batching import TrimPadding, length_order, trimmed_length
-from omnibert.run.finetuning import logits
+from omnibert.run.finetune_eval import logits
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -68,7 +69,9 @@ def test_the_collate_cuts_row_tensors_only_and_max_length_keeps_the_width():
         "input_ids": (3, 24), "segment_ids": (3, 24), "attention_mask": (3, 24), "labels": (3,)
     }  # fmt: skip
     assert torch.equal(cut["input_ids"], rows["input_ids"][:, :24])
-    full = TrimPadding.from_config({"padding": "max_length", "pad_to_multiple_of": 8})(items)
+    full = TrimPadding.of(FinetuneData.of({"padding": "max_length", "pad_to_multiple_of": 8}))(
+        items
+    )
     assert full["input_ids"].shape == (3, WIDTH)
     with pytest.raises(ValueError, match="pad_to_multiple_of=0"):
         TrimPadding(0)
@@ -137,10 +140,10 @@ def test_the_run_loader_cuts_each_batch_to_its_longest_row(tmp_path, tiny_hf, mr
     for padding in ("longest", "max_length"):
         prepared = prepare(compose("finetune", [*base, f"data.padding={padding}"]))
         run = build(prepared, tmp_path / padding)
-        run.datamodule.trainer = None
-        loader = run.datamodule.train_dataloader()
+        run.prepared.datamodule.trainer = None
+        loader = run.prepared.datamodule.train_dataloader()
         widths[padding] = {int(b["input_ids"].shape[1]) for b in loader}
-        longest = int(prepared.train_tensors["attention_mask"].sum(1).max())
+        longest = int(prepared.job.train_tensors["attention_mask"].sum(1).max())
     assert widths["max_length"] == {64}
     assert max(widths["longest"]) == -(-longest // 8) * 8 < 64
     assert all(w % 8 == 0 for w in widths["longest"])

@@ -100,7 +100,7 @@ def _predict(run_dir: Path, inputs: Path, out: Path) -> list[dict]:
 def _features(run_dir: Path, dev: Path):
     """The run's task, recipe and its own features of ``dev`` (what omnibert-predict runs)."""
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetuning import task_data
+    from omnibert.run.finetune_inputs import task_data
     from omnibert.run.inference import load_finetuned
 
     finetuned = load_finetuned(run_dir)
@@ -122,7 +122,7 @@ def test_hugging_face_loads_the_export_and_gives_omnibert_logits(runs, task):
     end on the real tokens; padding is never read)."""
     import transformers
 
-    from omnibert.run.finetuning import logits
+    from omnibert.run.finetune_eval import logits
 
     run_dir, dev, exported = runs[task]
     names = sorted(p.name for p in exported.iterdir())
@@ -371,11 +371,11 @@ def test_a_head_of_another_task_starts_afresh_with_a_note(runs, tmp_path):
         cfg = compose("finetune", [f"task={task}", *data, f"model.init_from={source}",
                                    f"paths.output_root={tmp_path / task}", *FAST])  # fmt: skip
         prepared = prepare(cfg)
-        assert f"note: model.init_from={source} has {note}" in prepared.loaded.description
+        assert f"note: model.init_from={source} has {note}" in prepared.init.description
         built = build(prepared, Path(cfg.paths.run_dir))
         assert built.new_keys[:2] == ["classifier.weight", "classifier.bias"]
         encoder = built.task.model.bert.encoder.state_dict()
-        theirs = BertForPreTraining(prepared.loaded.config)
+        theirs = BertForPreTraining(prepared.init.config)
         init_from_hf(theirs, source)
         for name, tensor in theirs.bert.encoder.state_dict().items():
             assert torch.equal(encoder[name], tensor), name

@@ -17,7 +17,7 @@ from glue_data import glue_split, hub_glue_dir
 from omnibert.apps.compose import compose
 from omnibert.finetune.glue import text_features
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
-from omnibert.run.finetuning import check_inputs
+from omnibert.run.finetune_inputs import check_inputs
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_squad_loads_the_same_rows_from_the_hub_layout_and_the_official_json(tmp
 
     from glue_data import hub_squad_dir
 
-    from omnibert.finetune.squad import squad_json_columns
+    from omnibert.finetune.squad_examples import squad_json_columns
 
     root = hub_squad_dir(tmp_path / "squad", train=6, evaluation=4, seed=7)
     hub = _inputs(tmp_path, "task=squad", f"data.dataset={root}")

@@ -124,9 +124,10 @@ def test_every_glue_task_config_scores_and_writes_the_server_files(task, hub, tm
     """Each task's config, data, features, predictions, metrics and files through the run's
     own evaluate step, on random head outputs (training is the shared path tested below)."""
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run import finetuning
+    from omnibert.run.finetune_eval import evaluate
+    from omnibert.run.finetune_inputs import check_inputs
 
-    inputs = finetuning.check_inputs(compose("finetune", [
+    inputs = check_inputs(compose("finetune", [
         f"task={task}", f"data.dataset={hub}", f"data.cache_dir={tmp_path / 'cache'}",
         "model.init_from=unused", f"paths.output_root={tmp_path / 'runs'}",
         "data.predict_test=true", *FAST,
@@ -144,17 +145,10 @@ def test_every_glue_task_config_scores_and_writes_the_server_files(task, hub, tm
 
     head = RandomHead()
     head.register_parameter("p", torch.nn.Parameter(torch.zeros(1)))
-    prepared = finetuning.Prepared(inputs, None, bert_vocab_file, tokenizer, {}, 0, 0, 0,
-                                   _CpuPlugin())  # fmt: skip
     run_dir = tmp_path / "run"
-    result = finetuning.evaluate(prepared, head, run_dir)
+    result = evaluate(inputs, tokenizer, head, None, run_dir)
     assert list(result["metrics"]) == METRICS[task]
     _check_written(run_dir, task, result["metrics"], hub, tmp_path / "c2")
-
-
-class _CpuPlugin:
-    def autocast(self, precision):
-        return None
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from omnibert import compat
-from omnibert.optim import Lamb
-from omnibert.optim import lamb as lamb_module
+from omnibert.optim import Lamb, lamb_impls
 
 # a miniature BERT parameter set: embeddings, attention/FFN matrices, biases, LayerNorm
 SHAPES = [
@@ -141,7 +140,7 @@ def test_auto_falls_back_to_foreach_when_the_fast_path_cannot_build(monkeypatch)
     def broken(batch, inv_clip):
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setitem(lamb_module.UPDATES, "compiled", broken)
+    monkeypatch.setitem(lamb_impls.UPDATES, "compiled", broken)
     ref, _ = run("foreach")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -29,7 +29,7 @@ from omnibert.run.activation_memory import (
     saved_activation_bytes,
     target_kernels,
 )
-from omnibert.run.training import prepare
+from omnibert.run.pretraining import prepare
 
 GiB = 2**30
 LARGE = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.callbacks.mlperf import eval_interval_samples, mlperf_hyperparameters
+from omnibert.config import TrainConfig
 from omnibert.prepare.corpus import build_embedded_corpus
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare
@@ -42,7 +43,7 @@ def test_phase_mlperf_is_the_reference_point_under_mlperfs_names(tmp_path):
                                f"paths.output_root={tmp_path}"])  # fmt: skip
     c = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(c, dict)
-    names = mlperf_hyperparameters(c, accumulation=1)
+    names = mlperf_hyperparameters(TrainConfig.of(cfg), accumulation=1)
     assert names == {
         "global_batch_size": 256, "gradient_accumulation_steps": 1,
         "opt_base_learning_rate": 3.5e-4, "opt_lamb_epsilon": 1e-6, "opt_epsilon": 1e-6,
@@ -138,7 +139,7 @@ def test_packed_samples_count_sequences_not_rows(tmp_path):
                  f"data.length_histogram={histogram}", "mlperf.eval_every_samples=100000",
                  "mlperf.submission.division=open"]  # fmt: skip
     cfg = compose("pretrain", overrides)
-    from omnibert.run.training import prepare as prepare_run
+    from omnibert.run.pretraining import prepare as prepare_run
 
     datamodule = prepare_run(cfg).datamodule  # the run's own data, read again below
     summary = run_or_exit(cfg, tmp_path / "out")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining, block_diagonal_mask
-from omnibert.models.bert import explicit_attention
+from omnibert.models.attention import explicit_attention
 
 VOCAB = 99  # not a multiple of 8: padded to 104
 TINY = BertConfig(

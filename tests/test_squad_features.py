@@ -7,13 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnibert.finetune.squad import (
-    SquadExample,
-    best_answers,
-    is_max_context,
-    squad_features,
-    windows,
-)
+from omnibert.finetune.squad_answers import best_answers
+from omnibert.finetune.squad_examples import SquadExample
+from omnibert.finetune.squad_windows import is_max_context, squad_features, windows
 from omnibert.finetune.tokenizer import build_tokenizer, vocab_is_uncased
 
 
@@ -99,7 +95,7 @@ def test_post_processing_scores_each_token_in_its_max_context_window(tok):
 def test_several_gold_answers_read_and_training_uses_the_first(tmp_path, tok):
     from finetune_data import squad_file
 
-    from omnibert.finetune.squad import read_squad
+    from omnibert.finetune.squad_examples import read_squad
 
     path = squad_file(tmp_path / "s.json", 2, 0, odd_text=True)
     import json

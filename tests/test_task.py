@@ -22,8 +22,8 @@ from omnibert.data.generated import GeneratedSource
 from omnibert.data.samplers import EvalBatchSampler
 from omnibert.models import BertConfig
 from omnibert.optim.lamb_math import global_grad_norm
+from omnibert.run.init_from import InitFromError, plan_pretraining_init
 from omnibert.tasks.pretraining import (
-    InitFromError,
     PretrainingTask,
     collect_rng_states,
     restore_rng_states,
@@ -217,7 +217,8 @@ def test_phase2_starts_from_phase1_weights_with_a_fresh_optimiser(trained):
     config = {**MODEL, "hidden_dropout_prob": 0.0}  # regularisation may change between phases
     task = PretrainingTask(config, LAMB, SCHEDULE, init_from=str(trained["ckpt"]))
     untouched = copy.deepcopy(task.model.state_dict())
-    assert "fresh optimiser" in (task.load_initial_weights() or "")
+    init = plan_pretraining_init(str(trained["ckpt"]), None, task.hparams["model_config"])
+    assert init is not None and "fresh optimiser" in init.load_into(task.model)
     phase1 = trained["task"].model.state_dict()
     for name, tensor in task.model.state_dict().items():
         assert torch.equal(tensor, phase1[name]), name
@@ -233,10 +234,9 @@ def test_phase2_starts_from_phase1_weights_with_a_fresh_optimiser(trained):
 
     other = PretrainingTask({**MODEL, "hidden_size": 64}, LAMB, init_from=str(trained["ckpt"]))
     with pytest.raises(InitFromError, match="hidden_size=32"):
-        other.load_initial_weights()
-    missing = PretrainingTask(MODEL, LAMB, init_from=str(trained["ckpt"]) + ".nope")
+        plan_pretraining_init(str(trained["ckpt"]), None, other.hparams["model_config"])
     with pytest.raises(InitFromError, match="does not exist"):
-        missing.load_initial_weights()
+        plan_pretraining_init(str(trained["ckpt"]) + ".nope", None, task.hparams["model_config"])
 
 
 class GradProbe(pl.Callback):

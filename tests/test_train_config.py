@@ -19,15 +19,15 @@ from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
+from omnibert.run.checkpoints import resolve_ckpt_path
 from omnibert.run.checks import (
     check_optimizer,
     describe_clipping,
-    resolve_ckpt_path,
     resolve_clipping,
     resolve_vocab_size,
 )
 from omnibert.run.plan import TrainConfigError, batch_plan
-from omnibert.run.training import build, prepare
+from omnibert.run.pretraining import build, prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 GROUPS = (
@@ -127,10 +127,10 @@ OPTIONS = [
 
 @pytest.mark.parametrize("task", sorted(FINETUNE_TASKS))
 def test_pretraining_refuses_a_fine_tuning_task_with_the_app_to_use(task):
-    from omnibert.run.training import resolve
+    from omnibert.config import TrainConfig
 
     with pytest.raises(UserError, match=f"omnibert-finetune task={task}"):
-        resolve(compose("pretrain", [*SMOKE, f"task={task}"]))
+        TrainConfig.of(compose("pretrain", [*SMOKE, f"task={task}"]))
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
@@ -286,7 +286,7 @@ def test_range_errors_stop_before_compute_naming_the_key(tmp_path, capsys, overr
 def test_experiments_are_small(tmp_path, compose_config):
     smoke = prepare(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
     assert smoke.plan.batch.accumulate_grad_batches == 2
-    assert smoke.c["data"]["source"]["_target_"].endswith("GeneratedSource")
+    assert smoke.config.data["source"]["_target_"].endswith("GeneratedSource")
     demo = compose_config.resolved(f"paths.output_root={tmp_path}", "experiment=demo")
     assert demo["data"]["train_path"] == "outputs/demo/train"
     assert demo["model"]["config"]["num_hidden_layers"] <= 4

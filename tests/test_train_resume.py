@@ -314,7 +314,7 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
 
 
 def test_temporaries_of_killed_writers_are_removed_and_checkpoints_kept(tmp_path):
-    from omnibert.run.checks import remove_stale_temporaries
+    from omnibert.run.checkpoints import remove_stale_temporaries
 
     (tmp_path / "last.ckpt").write_bytes(b"real")
     (tmp_path / ".last.ckpt.tmp-4242").write_bytes(b"half")

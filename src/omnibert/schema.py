@@ -1,7 +1,7 @@
-"""Structured configs for the keys the apps validate: types are checked by OmegaConf when the
-config is composed (:func:`omnibert.apps.compose.register` puts these in Hydra's ConfigStore),
-with the key's path in the message; ranges by :func:`validate` as the first thing an app does,
-before any heavy import or file access. It sits below ``run/`` and ``apps/``, which both read it.
+"""Structured configs of ``conf/pretrain.yaml``'s keys: their types are checked by OmegaConf
+when the config is composed (:func:`omnibert.apps.compose.register` puts these in Hydra's
+ConfigStore), with the key's path in the message. Ranges are checked once the config is
+composed, by the typed config the app builds from it (:mod:`omnibert.config`).
 
 * ``pretrain_schema``: the root of ``conf/pretrain.yaml`` (run keys, the ``phase`` node, the
   model's ``config``); groups that are ``_target_`` nodes (accelerator, data, optimizer,
@@ -17,21 +17,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 
-from omnibert.errors import UserError
 from omnibert.models.config import BertConfig
 
-__all__ = ["ConfigError", "MLPerfNode", "PackNode", "PhaseConfig", "PretrainConfig", "validate"]
-
-
-class ConfigError(UserError):
-    """A config value outside its range; the message names the key and the fix."""
-
-
-def _positive(key: str, value: Any, low: int = 1) -> None:
-    if value is not None and value < low:
-        raise ConfigError(f"{key}={value!r} must be at least {low}; fix {key}.")
+__all__ = ["MLPerfNode", "PackNode", "PhaseConfig", "PretrainConfig"]
 
 
 @dataclass
@@ -47,21 +37,6 @@ class PhaseConfig:
     warmup_proportion: float = 0.0
     warmup_steps: Optional[int] = None  # noqa: UP045 (OmegaConf reads the annotation)
     init_from: Optional[str] = None  # noqa: UP045
-
-    def check(self) -> None:
-        """Ranges (OmegaConf checked the types)."""
-        _positive("phase.max_seq_length", self.max_seq_length, 5)
-        _positive("phase.max_predictions_per_seq", self.max_predictions_per_seq)
-        _positive("phase.global_batch_size", self.global_batch_size)
-        _positive("phase.max_steps", self.max_steps)
-        _positive("phase.warmup_steps", self.warmup_steps, 0)
-        if not 0.0 <= self.warmup_proportion <= 1.0:
-            raise ConfigError(
-                f"phase.warmup_proportion={self.warmup_proportion} must lie in [0, 1]; fix it."
-            )
-        for name, lr in self.lr.items():
-            if lr <= 0:
-                raise ConfigError(f"phase.lr.{name}={lr} must be positive; fix phase.lr.{name}.")
 
 
 def _model_config_schema() -> type:
@@ -124,18 +99,6 @@ class MLPerfNode:
     log_file: str = "mlperf.log"
     submission: SubmissionNode = field(default_factory=SubmissionNode)
 
-    def check(self) -> None:
-        if not 0.0 < self.target_accuracy <= 1.0:
-            raise ConfigError(
-                f"mlperf.target_accuracy={self.target_accuracy} must lie in (0, 1]; fix it."
-            )
-        _positive("mlperf.eval_every_samples", self.eval_every_samples)
-        _positive("mlperf.max_samples", self.max_samples)
-        if self.submission.division not in ("closed", "open"):
-            raise ConfigError(
-                f"mlperf.submission.division={self.submission.division!r} must be closed or open."
-            )
-
 
 @dataclass
 class PretrainConfig:
@@ -170,22 +133,3 @@ class PretrainConfig:
     phases: Optional[dict[str, Any]] = None  # noqa: UP045
     # MLPerf mode (phase=mlperf); null: off
     mlperf: Optional[MLPerfNode] = None  # noqa: UP045
-
-
-def validate(cfg: DictConfig) -> None:
-    """Range checks of the structured nodes (types were checked when composing): raises
-    :class:`ConfigError` (or the model's ``BertConfigError``) naming the key."""
-    if "phase" in cfg:
-        phase = OmegaConf.to_object(cfg.phase)
-        assert isinstance(phase, PhaseConfig)
-        phase.check()
-    if cfg.get("mlperf") is not None:
-        mlperf = OmegaConf.to_object(cfg.mlperf)
-        assert isinstance(mlperf, MLPerfNode)
-        mlperf.check()
-    for key in ("micro_batch_size", "eval_micro_batch_size", "val_every_n_steps"):
-        _positive(key, cfg.get(key))
-    _positive("steps_per_epoch", cfg.get("steps_per_epoch"))
-    fraction = cfg.get("memory_fraction", 0.8)
-    if not 0.0 < fraction <= 1.0:
-        raise ConfigError(f"memory_fraction={fraction} must lie in (0, 1]; fix memory_fraction.")

@@ -14,7 +14,7 @@ choices; a plugin only refuses an optimiser its backend cannot run (:meth:`check
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -142,17 +142,6 @@ class AcceleratorPlugin:
     def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
         """Refuse (:class:`AcceleratorError`, one sentence) an optimiser this backend cannot
         run as configured. Never substitutes one: the configured optimiser is the one built."""
-
-    def build_optimizer(
-        self, named_parameters: Iterable[tuple[str, nn.Parameter]], optimizer_cfg: Mapping[str, Any]
-    ) -> torch.optim.Optimizer:
-        """The configured optimiser (a ``_partial_`` config), checked, for ``named_parameters``."""
-        from hydra.utils import instantiate
-
-        self.check_optimizer(optimizer_cfg)
-        factory = instantiate(dict(optimizer_cfg), _convert_="all")
-        optimizer: torch.optim.Optimizer = factory(named_parameters)
-        return optimizer
 
     # ------------------------------------------------------------------ compile
     def compile_model(self, model: nn.Module) -> nn.Module:

@@ -1,7 +1,8 @@
 """Structured configs of the roots of ``prepare.yaml``, ``eval.yaml``, ``export.yaml``,
 ``predict.yaml`` and ``finetune.yaml`` (``pretrain.yaml``'s is in :mod:`omnibert.schema`):
 OmegaConf checks each key's type when the config is composed (``max_seq_length=abc`` is refused
-naming the key), and each ``check_*`` function the ranges, before any work.
+naming the key); :func:`check_prepare` checks ``omnibert-prepare``'s ranges before any work (the
+other apps' ranges are checked by their typed configs, :mod:`omnibert.config`).
 
 Groups that are ``_target_`` nodes (accelerator, data, optimizer, schedule, task, trainer,
 logger) are left open here: :mod:`omnibert.run.target_types` checks their keys against the
@@ -17,7 +18,7 @@ from omegaconf import MISSING, DictConfig
 
 from omnibert.errors import UserError
 
-__all__ = ["SCHEMAS", "check_eval", "check_finetune", "check_prepare"]
+__all__ = ["SCHEMAS", "check_prepare"]
 
 
 class AppConfigError(UserError):
@@ -119,12 +120,6 @@ class EvalConfig:
     data: Any = MISSING
 
 
-def check_eval(cfg: DictConfig) -> None:
-    _at_least("eval_micro_batch_size", cfg.eval_micro_batch_size, 1)
-    _at_least("phase.max_seq_length", cfg.phase.max_seq_length, 5)
-    _at_least("phase.max_predictions_per_seq", cfg.phase.max_predictions_per_seq, 1)
-
-
 @dataclass
 class ExportConfig:
     """The root of ``conf/export.yaml``."""
@@ -175,8 +170,8 @@ class FinetuneModelNode:
 
 @dataclass
 class FinetuneConfig:
-    """The root of ``conf/finetune.yaml`` (the task's recipe is checked by
-    :func:`omnibert.run.finetuning.check_inputs`)."""
+    """The root of ``conf/finetune.yaml`` (its ranges: :class:`omnibert.config.FinetuneConfig`;
+    the task's recipe: :func:`omnibert.run.finetune_inputs.check_inputs`)."""
 
     paths: Any = MISSING
     accelerator: Any = MISSING
@@ -193,19 +188,6 @@ class FinetuneConfig:
     ckpt_path: Optional[str] = None  # noqa: UP045
     data: FinetuneDataNode = field(default_factory=FinetuneDataNode)
     model: FinetuneModelNode = field(default_factory=FinetuneModelNode)
-
-
-def check_finetune(cfg: DictConfig) -> None:
-    _at_least("micro_batch_size", cfg.micro_batch_size, 1)
-    _at_least("data.num_workers", cfg.data.num_workers, 0)
-    _at_least("data.pad_to_multiple_of", cfg.data.pad_to_multiple_of, 1)
-    from omnibert.finetune.batching import PADDINGS
-
-    if cfg.data.padding not in PADDINGS:
-        raise AppConfigError(
-            f"data.padding={cfg.data.padding!r} is not one of {', '.join(PADDINGS)}: longest "
-            "cuts each batch to its longest row, max_length keeps task.max_seq_length."
-        )
 
 
 #: ConfigStore name -> schema; each config lists its schema first in its defaults

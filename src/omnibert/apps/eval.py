@@ -11,9 +11,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from omnibert.apps.app_schemas import check_eval
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
+from omnibert.config import TrainConfigError
+from omnibert.config.tools import EvalConfig
 from omnibert.errors import exit_on
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 
@@ -22,15 +23,15 @@ register()
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """Evaluate as configured; the report is printed and written as JSON."""
-    from omnibert.run.evaluation import evaluate
-
-    check_eval(cfg)
     if cfg.get("out"):  # before the evaluation, not after it
         check_writable_file(str(cfg.out), "out")
-    report = evaluate(cfg, output_dir)
+    config = EvalConfig.of(cfg, TrainConfigError)  # every range, before torch is imported
+    from omnibert.run.evaluation import evaluate
+
+    report = evaluate(config, output_dir)
     paths = [] if output_dir is None else [output_dir / "eval.json"]
-    if cfg.get("out"):
-        paths.append(Path(str(cfg.out)))
+    if config.out:
+        paths.append(Path(config.out))
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
@@ -64,7 +65,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    preflight("omnibert-eval", "eval", (), (check_eval,), output_files=("out",))
+    preflight("omnibert-eval", "eval", (), output_files=("out",))
     _hydra_main()
 
 

@@ -17,10 +17,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from omnibert.apps.app_schemas import check_finetune
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
+from omnibert.config import FinetuneConfig
 from omnibert.errors import exit_on
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import hydra_output_discarded_when_refused
 
 register()
@@ -31,13 +32,13 @@ OUTPUT_KEYS = ("paths.output_root",)
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Fine-tune as configured; returns the summary (also written to the run directory)."""
-    from omnibert.run.finetuning import check_inputs
+    from omnibert.run.finetune_inputs import check_inputs
 
-    check_finetune(cfg)
-    check_inputs(cfg)  # config and data files, before torch and Lightning are imported
+    config = FinetuneConfig.of(cfg, FineTuneInputError)  # every range
+    inputs = check_inputs(config)  # config and data files, before torch and Lightning load
     from omnibert.run.finetuning import run as run_finetuning
 
-    summary = run_finetuning(cfg)
+    summary = run_finetuning(inputs)
     if summary:
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in summary["metrics"].items())
         print(
@@ -70,7 +71,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS, (check_finetune,))
+    preflight("omnibert-finetune", "finetune", OUTPUT_KEYS)
     _hydra_main()
 
 

@@ -3,7 +3,7 @@
 Wiring only: load the run's checkpoint, its task's data spec and vocab
 (:func:`omnibert.run.inference.load_finetuned`), read and check the inputs
 (:mod:`omnibert.run.predicting`), predict with the task's own features and post-processing
-(:func:`omnibert.run.finetuning.predict_outputs`), write JSON Lines (one record per input) to
+(:func:`omnibert.run.finetune_eval.predict_outputs`), write JSON Lines (one record per input) to
 ``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``);
 with a labelled file, print the task's metrics.
 
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from omnibert.apps.compose import CONFIG_MODULE, CONFIG_PATH, group_options, register
 from omnibert.apps.preflight import preflight
+from omnibert.config.tools import PredictConfig
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
@@ -68,32 +69,30 @@ def with_texts(cfg: DictConfig, texts: dict[str, str]) -> DictConfig:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Predict as configured; returns the record for one input, or ``{"predictions", "out",
     ...metrics}`` for a file."""
-    from_stdin = cfg.get("input_file") == STDIN
-    if cfg.get("input_file") and not cfg.get("out") and not from_stdin:
+    config = PredictConfig.of(cfg, FineTuneInputError)
+    from_stdin = config.input_file == STDIN
+    if config.input_file and not config.out and not from_stdin:
         raise FineTuneInputError("input_file= needs out=<predictions.jsonl>; set out.")
-    if cfg.get("out"):
-        check_writable_file(str(cfg.out), "out")
-    if cfg.get("batch_size") is not None and int(cfg.batch_size) < 1:
-        raise FineTuneInputError(f"batch_size={cfg.batch_size} must be a positive integer.")
+    if config.out:
+        check_writable_file(config.out, "out")
     from omnibert.accelerators import build_plugin
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetuning import task_data
+    from omnibert.run.finetune_inputs import task_data
     from omnibert.run.inference import load_finetuned
     from omnibert.run.predicting import check_task, predict_records, read_inputs
 
-    options: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    finetuned = load_finetuned(str(cfg.ckpt))
+    finetuned = load_finetuned(config.ckpt)
     recipe = dict(finetuned.recipe)
     data = task_data(recipe)
-    check_task(options, data, str(cfg.ckpt))
-    inputs = read_inputs(options, data)  # before any forward pass: a bad file costs nothing
-    if cfg.get("batch_size") is not None:
-        recipe["eval_batch_size"] = int(cfg.batch_size)
-    plugin = build_plugin(cfg.accelerator)
+    check_task(config, data, config.ckpt)
+    inputs = read_inputs(config, data)  # before any forward pass: a bad file costs nothing
+    if config.batch_size is not None:
+        recipe["eval_batch_size"] = config.batch_size
+    plugin = build_plugin(config.accelerator.plain())
     task = finetuned.task.to(plugin.device)
     tokenizer = build_tokenizer(finetuned.vocab_file)
-    autocast = plugin.autocast(str(cfg.precision))
-    to_stdout = not inputs.from_file or not cfg.get("out")
+    autocast = plugin.autocast(config.precision)
+    to_stdout = not inputs.from_file or not config.out
     # records on stdout (a pipe) leave it to them alone: no progress lines there
     progress = None if not to_stdout else False
     records, predictions = predict_records(
@@ -107,7 +106,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             print(json.dumps(record, ensure_ascii=False))
         sys.stdout.flush()
         return {"predictions": len(records), "out": None, "records": records}
-    out = Path(str(cfg.out))
+    out = Path(str(config.out))
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as handle:
         for record in records:

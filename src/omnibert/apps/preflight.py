@@ -5,12 +5,14 @@ command line before the app's code runs:
   it with ``+``; here it is one line naming the closest existing keys (``difflib``), exit 2;
   likewise a config group option that does not exist (``model=bert_bse``);
 * Hydra creates its run directory (``omnibert-train``'s lives under ``paths.output_root``)
-  before the app starts, so an unwritable one used to be a traceback; the app's output
-  keys and Hydra's directory are checked here with :func:`omnibert.paths.check_writable_dir`.
+  before the app starts, where an unwritable one would end in Hydra's traceback; the app's
+  output keys and Hydra's directory are checked here with
+  :func:`omnibert.paths.check_writable_dir`.
 
-* an app's ``checks`` (``omnibert-train``: value ranges, data paths that do not exist) run
-  on that composed config, so such errors appear in about a second instead of after the
-  seconds torch, Lightning and the data libraries take to import.
+* an app's ``checks`` (``omnibert-prepare``'s ranges) run on that composed config, so such
+  errors appear in about a second instead of after the seconds torch, Lightning and the
+  data libraries take to import (the other apps' ranges and data paths are checked first
+  thing in the app by their typed configs, also before those imports).
 
 The command line is composed once the way Hydra will compose it (a multirun sweep by its
 first value, so ``-m`` keeps working); anything else that goes wrong is left to Hydra,

@@ -1,6 +1,6 @@
 """``omnibert-train``: BERT pretraining with Lightning, configured by ``conf/pretrain.yaml``.
 
-Wiring only (the steps live in :mod:`omnibert.run.training`, which tests call too): prepare
+Wiring only (the steps live in :mod:`omnibert.run.pretraining`, which tests call too): prepare
 the run (every check before compute; one sentence and exit code 2 on a problem) → print and
 save the plan and the environment report → ``compile_only``: report and stop; otherwise
 build the task and the Trainer → fit → a final validation on the whole eval set → print and
@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import check_paths, preflight
+from omnibert.config import TrainConfig
 from omnibert.errors import exit_on
 from omnibert.paths import hydra_output_discarded_when_refused
-from omnibert.schema import validate
 from omnibert.threads import set_wait_policy_env
 
 register()
@@ -48,34 +48,37 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
             output_dir.mkdir(parents=True, exist_ok=True)
             _write_json(output_dir / "summary.json", summary)
         return summary
-    return run_phase(cfg, output_dir)
+    config = TrainConfig.of(cfg)  # every range checked, before torch is imported
+    DATA_PATHS(cfg)  # then the data the config names, also before torch
+    return run_phase(config, output_dir)
 
 
-def run_phase(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
-    """One training run (one phase)."""
+def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """One training run (one phase; typed by :func:`run` or, one of several, by
+    :func:`omnibert.run.phases.run_phases`)."""
+    config = cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
     from omnibert import stopping
     from omnibert.accelerators.environment import format_report
-    from omnibert.run.training import build, build_loggers, finish_loggers, fit, prepare
+    from omnibert.run.pipeline import build_loggers, finish_loggers
+    from omnibert.run.pretraining import build, facts, fit, prepare
 
-    prepared = prepare(cfg)
+    prepared = prepare(config)
     stopping.set_context(
         " before training resumed; resume with ckpt_path=last"
         if prepared.plan.ckpt_path
         else " before training started; nothing to resume"
     )
     print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
-    print(f"omnibert-train: {prepared.c['run_name']}\n{prepared.plan.table()}", flush=True)
+    print(f"omnibert-train: {config.run_name}\n{prepared.plan.table()}", flush=True)
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())
         _write_json(output_dir / "environment.json", prepared.environment)
-    if prepared.c.get("compile_only"):  # build, compile and time one step; report; no training
+    if config.compile_only:  # build, compile and time one step; report; no training
         from omnibert.run.compile_only import compile_only, report_metrics
 
-        report = compile_only(
-            prepared.c, prepared.plan, prepared.datamodule, prepared.plugin, output_dir
-        )
-        loggers = build_loggers(prepared)
+        report = compile_only(prepared, output_dir)
+        loggers = build_loggers(config.loggers, facts(prepared))
         for logger in loggers:
             logger.log_metrics(report_metrics(report), step=0)
             logger.save()
@@ -166,12 +169,12 @@ def final_mlm_accuracy(summary: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
-#: checked on the composed command line before torch and Lightning are imported
-EARLY_CHECKS = (validate, check_paths(("data.train_path", "data.eval_path", "data.vocab_file")))
+#: the data paths a run reads, checked once its config is typed (its ranges first)
+DATA_PATHS = check_paths(("data.train_path", "data.eval_path", "data.vocab_file"))
 
 
 def main() -> None:
-    cfg = preflight("omnibert-train", "pretrain", OUTPUT_KEYS, EARLY_CHECKS)
+    cfg = preflight("omnibert-train", "pretrain", OUTPUT_KEYS)
     # before anything imports torch: the OpenMP runtime reads its wait policy when it loads
     policy = None if cfg is None else _select_policy(cfg)
     with exit_on("omnibert-train"):

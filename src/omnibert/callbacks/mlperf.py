@@ -40,29 +40,28 @@ def eval_interval_samples(global_batch_size: int) -> int:
     return math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000
 
 
-def mlperf_hyperparameters(c: Mapping[str, Any], accumulation: int) -> dict[str, Any]:
-    """BERT's required hyper-parameters under their MLPerf names, read from the resolved
-    config ``c`` (the values the run really uses)."""
-    phase, optimizer, schedule = c["phase"], c["optimizer"], c.get("schedule") or {}
-    warmup = phase.get("warmup_steps")
-    if warmup is None:
-        warmup = round(float(phase.get("warmup_proportion", 0.0)) * phase["max_steps"])
+def mlperf_hyperparameters(config: Any, accumulation: int) -> dict[str, Any]:
+    """BERT's required hyper-parameters under their MLPerf names, read from the run's typed
+    config (:class:`~omnibert.config.TrainConfig`: the values the run really uses)."""
+    phase, optimizer = config.phase, config.optimizer
+    schedule = config.schedule if config.schedule is not None else {}
+    warmup = phase.warmup
     betas = list(optimizer.get("betas", (0.9, 0.999)))
     return {
-        "global_batch_size": phase["global_batch_size"],
+        "global_batch_size": phase.global_batch_size,
         "gradient_accumulation_steps": accumulation,
         "opt_base_learning_rate": optimizer["lr"],
         "opt_lamb_epsilon": optimizer.get("eps"),
         "opt_epsilon": optimizer.get("eps"),
-        "opt_learning_rate_training_steps": phase["max_steps"],
+        "opt_learning_rate_training_steps": phase.max_steps,
         "opt_learning_rate_warmup_steps": int(warmup),
         "num_warmup_steps": int(warmup),
         "start_warmup_step": int(schedule.get("start_warmup_step", 0)),
         "opt_lamb_beta_1": betas[0],
         "opt_lamb_beta_2": betas[1],
         "opt_lamb_weight_decay_rate": optimizer.get("weight_decay"),
-        "max_predictions_per_seq": phase["max_predictions_per_seq"],
-        "seed": c["seed"],
+        "max_predictions_per_seq": phase.max_predictions_per_seq,
+        "seed": config.seed,
     }
 
 

@@ -28,6 +28,7 @@ from omnibert.convert.hf import (
     model_from_pretraining_checkpoint,
     read_hf_config,
 )
+from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
 from omnibert.models import BertConfig, BertForPreTraining
 
 __all__ = [
@@ -121,7 +122,7 @@ def load_pretrained(
     reads only the encoder, passes ``require_heads=False`` and gets the missing heads listed
     in ``fresh_heads``, and a Hugging Face fine-tuned model's head in ``task_head``. An
     ``omnibert-finetune`` run is refused (fine-tuning reads those itself:
-    :mod:`omnibert.run.finetune_init`). ``key`` is the setting that named ``path``
+    :mod:`omnibert.run.init_from`). ``key`` is the setting that named ``path``
     (``ckpt``, ``model.init_from``): messages name it.
     """
     kind = checkpoint_kind(path, key)
@@ -161,8 +162,6 @@ def load_pretrained(
 
 
 def _load_tf1(path: Path, bert_config: str | Path | None) -> LoadedModel:
-    from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
-
     prefix = path.with_suffix("") if path.suffix == ".index" else path
     config = read_bert_config(resolve_bert_config(prefix, bert_config))
     model = BertForPreTraining(config)

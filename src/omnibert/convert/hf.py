@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from omnibert.ckpt_files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
@@ -364,8 +365,6 @@ def load_pretraining_checkpoint(
     try:
         ckpt = load_checkpoint(path)
     except Exception as err:
-        from omnibert.ckpt_files import unreadable_checkpoint
-
         raise ConversionError(unreadable_checkpoint(key, path, err)) from err
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
     if not isinstance(hparams, Mapping) or "model_config" not in hparams:

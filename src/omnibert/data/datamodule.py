@@ -74,7 +74,9 @@ class PretrainingDataModule(pl.LightningDataModule):
             ``source_options`` (the data config's remaining keys).
         max_seq_length / max_predictions_per_seq: the run's row shape (``phase.*``); checked
             against the data; ``None``: the data's own (evaluating a checkpoint).
-        micro_batch_size / eval_micro_batch_size: per device (the app derives them).
+        micro_batch_size / eval_micro_batch_size: per device; a run leaves them unset,
+            plans its batches from the checked data's facts and gives the final sizes once
+            with :meth:`configure_batches`.
         num_workers: loader worker processes per device (0: load in this process).
         seed: the per-epoch shuffle (and generated rows) derive from it.
         shuffle: shuffle the training rows every epoch.
@@ -92,7 +94,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         source: Callable[..., RowSource],
         max_seq_length: int | None,
         max_predictions_per_seq: int | None,
-        micro_batch_size: int,
+        micro_batch_size: int | None = None,
         eval_micro_batch_size: int | None = None,
         num_workers: int = 2,
         seed: int = 12345,
@@ -113,8 +115,9 @@ class PretrainingDataModule(pl.LightningDataModule):
             ) from err
         self._shape = (max_seq_length, max_predictions_per_seq)
         self.evaluate_only = evaluate_only
-        self.micro_batch_size = micro_batch_size
-        self.eval_micro_batch_size = eval_micro_batch_size or micro_batch_size
+        self.micro_batch_size: int | None = micro_batch_size
+        self.eval_micro_batch_size: int | None = eval_micro_batch_size or micro_batch_size
+        self._checked = False
         self.num_workers = num_workers
         self.seed = seed
         self.shuffle = shuffle
@@ -152,32 +155,53 @@ class PretrainingDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ validation
     def check(self) -> None:
         """Validate the configuration against the data; raises :class:`DataConfigError`.
-        Cheap to call again (what was read is kept); run it before building the model."""
+        What it reads is kept: the facts a run plans its batches from. Lightning's hooks run
+        it when nobody did before."""
+        self._check_sizes()
+        self.packing = PackingSettings.parse(*self._packing_config, DataConfigError)
+        spec = RowSpec(*self._shape, self.seed)
+        self.source.check(spec, train=not self.evaluate_only)
+        self._checked = True
+        if self.evaluate_only:
+            return
+        if self.packing.mode == "offline":
+            self.pack_index()  # refused by sources that have none
+        if self.source.num_train_known and self.micro_batch_size is not None:
+            self._check_rows()  # TFRecords are counted by their conversion
+
+    def configure_batches(self, micro_batch_size: int, eval_micro_batch_size: int) -> None:
+        """The run's micro batch sizes, planned from the checked facts (:meth:`check`)."""
+        self.micro_batch_size = micro_batch_size
+        self.eval_micro_batch_size = eval_micro_batch_size
+        self._check_sizes()
+        if not self.evaluate_only and self.source.num_train_known:
+            self._check_rows()
+
+    def _check_sizes(self) -> None:
         for key, value, low in (
             ("micro_batch_size", self.micro_batch_size, 1),
             ("eval_micro_batch_size", self.eval_micro_batch_size, 1),
             ("data.num_workers", self.num_workers, 0),
         ):
-            if value < low:
+            if value is not None and value < low:
                 raise DataConfigError(f"{key}={value} must be at least {low}; fix {key}.")
-        self.packing = PackingSettings.parse(*self._packing_config, DataConfigError)
-        spec = RowSpec(*self._shape, self.seed)
-        self.source.check(spec, train=not self.evaluate_only)
-        if self.evaluate_only:
-            return
-        if self.packing.mode == "offline":
-            self.pack_index()  # refused by sources that have none
-        if self.source.num_train_known:  # TFRecords are counted by their conversion
-            self._check_rows()
+
+    def _batches(self) -> tuple[int, int]:
+        if self.micro_batch_size is None or self.eval_micro_batch_size is None:
+            raise DataConfigError(
+                "the micro batch size is not set; the run configures it (configure_batches)."
+            )
+        return self.micro_batch_size, self.eval_micro_batch_size
 
     def _check_rows(self) -> None:
         rows = self.source.num_train_samples
         per_rank = rows // self.world_size
-        if self.micro_batch_size > per_rank:
+        micro = self._batches()[0]
+        if micro > per_rank:
             where = getattr(self.source, "train_path", None)
             origin = f"data.train_path={where} ({rows} rows)" if where else f"{rows} rows"
             raise DataConfigError(
-                f"micro_batch_size={self.micro_batch_size} is larger than the {per_rank} "
+                f"micro_batch_size={micro} is larger than the {per_rank} "
                 f"training rows each of {self.world_size} device(s) gets from {origin}; lower "
                 "the micro batch size or the number of devices, or use more data."
             )
@@ -204,7 +228,7 @@ class PretrainingDataModule(pl.LightningDataModule):
 
     def describe(self) -> dict[str, Any]:
         """Plain facts for the plan and logs."""
-        b, s = self.micro_batch_size, self.max_seq_length
+        (b, eval_b), s = self._batches(), self.max_seq_length
         p, k = self.predictions_per_pack, self.packing.sequences_per_row_max
         return {
             **self.source.describe(),
@@ -214,7 +238,7 @@ class PretrainingDataModule(pl.LightningDataModule):
             "max_predictions_per_seq": self.max_predictions_per_seq,
             "max_predictions_per_row": p,
             "micro_batch_size": b,
-            "eval_micro_batch_size": self.eval_micro_batch_size,
+            "eval_micro_batch_size": eval_b,
             "train_batches_per_epoch": self.num_train_rows // self.world_size // b,
             "shapes": batch_shapes(b, s, p, k),
             "num_workers": self.num_workers,
@@ -255,7 +279,7 @@ class PretrainingDataModule(pl.LightningDataModule):
     ) -> Any:
         """This rank's training sampler (``batch_size`` rows or packs per micro batch;
         ``world_size``: the ranks it shares the data with, before the Trainer has set them)."""
-        size = batch_size or self.micro_batch_size
+        size = batch_size or self._batches()[0]
         where: dict[str, Any] = {
             "shuffle": self.shuffle,
             "seed": self.seed,
@@ -328,14 +352,16 @@ class PretrainingDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ Lightning hooks
     def prepare_data(self) -> None:
         """Convert TFRecord / HDF5 inputs into the Arrow cache (Lightning: once per node)."""
-        self.check()
+        if not self._checked:
+            self.check()
         self.source.materialize()
 
     def setup(self, stage: str | None = None) -> None:
         trainer = self.trainer
         if trainer is not None:
             self.rank, self.world_size = int(trainer.global_rank), int(trainer.world_size)
-        self.check()
+        if not self._checked:
+            self.check()
         self.source.materialize()
         if not self.evaluate_only:
             self._check_rows()
@@ -359,7 +385,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         rows = self.num_eval_samples
         if rows == 0:
             return []
-        size = self.eval_micro_batch_size
+        size = self._batches()[1]
         sampler = EvalBatchSampler(rows, size, num_replicas=self.world_size, rank=self.rank)
         collator = PretrainingCollator(
             self.max_seq_length,

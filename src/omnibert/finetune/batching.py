@@ -20,14 +20,14 @@ that HPU lazy mode, CUDA graphs and ``torch.compile`` without dynamic shapes wan
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from omnibert.config.finetune import PADDINGS, FinetuneData
+
 __all__ = ["PADDINGS", "TrimPadding", "length_order", "trimmed_length"]
 
-PADDINGS = ("longest", "max_length")
 #: the ``[B,S]`` keys a batch is cut along (labels and positions are ``[B]``)
 ROW_KEYS = ("input_ids", "segment_ids", "attention_mask")
 
@@ -53,9 +53,9 @@ class TrimPadding:
         self.enabled = enabled
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> TrimPadding:
-        """From the run's ``data`` node (``padding``, ``pad_to_multiple_of``)."""
-        return cls(int(data.get("pad_to_multiple_of") or 8), data.get("padding") != "max_length")
+    def of(cls, data: FinetuneData) -> TrimPadding:
+        """From the run's ``data`` (``padding``, ``pad_to_multiple_of``)."""
+        return cls(data.pad_to_multiple_of, data.padding != "max_length")
 
     def __call__(self, rows: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
         return self.trim({key: torch.stack([row[key] for row in rows]) for key in rows[0]})

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from omnibert.finetune.glue_metrics import compute
 from omnibert.finetune.glue_tsv import read_glue_tsv
 from omnibert.finetune.spec import Features, TaskData
 from omnibert.finetune.tokenizer import FineTuneInputError
@@ -108,7 +109,7 @@ class GlueData(TaskData):
 
     # ---------------------------------------------------------------- reader
     def read_file(self, path: Path, key: str) -> Any:
-        import datasets
+        import datasets  # lazy: datasets takes most of a second to import
 
         columns = read_glue_tsv(
             path, key, self.task, self.tsv, self.text_columns, self.label_names, self.tsv_test
@@ -125,7 +126,7 @@ class GlueData(TaskData):
         return datasets.Dataset.from_dict(columns, features=datasets.Features(features))
 
     def check(self, dataset: Any, where: str, labelled: bool) -> None:
-        import datasets
+        import datasets  # lazy: datasets takes most of a second to import
 
         need = [*self.text_columns, "label"]
         missing = [c for c in need if c not in dataset.column_names]
@@ -182,6 +183,7 @@ class GlueData(TaskData):
     def features(
         self, dataset: Any, tokenizer: Any, recipe: Mapping[str, Any], training: bool
     ) -> Features:
+        # lazy: omnibert.finetune is numpy-only until tensors are handed out (its docstring)
         import torch
 
         columns = [dataset[c] for c in self.text_columns]
@@ -205,8 +207,6 @@ class GlueData(TaskData):
         return [int(x) for x in out.argmax(-1)]
 
     def scores(self, dataset: Any, predictions: Sequence[Any]) -> dict[str, float]:
-        from omnibert.finetune.glue_metrics import compute
-
         return compute(self.metrics, predictions, list(dataset["label"]))
 
     def write(self, directory: Path, name: str, dataset: Any, predictions: Sequence[Any]) -> Path:

@@ -19,47 +19,47 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 __all__ = ["METRICS", "compute", "task_score"]
 
 
 def _arrays(predictions: Sequence[float], labels: Sequence[float]) -> tuple[Any, Any]:
-    import numpy as np
-
     if len(predictions) != len(labels) or not labels:
         raise ValueError("predictions and labels must be non-empty and of equal length")
     return np.asarray(list(predictions)), np.asarray(list(labels))
 
 
 def accuracy(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    from sklearn.metrics import accuracy_score
+    from sklearn.metrics import accuracy_score  # lazy: about a second to import
 
     p, y = _arrays(predictions, labels)
     return float(accuracy_score(y, p))
 
 
 def f1(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score  # lazy: about a second to import
 
     p, y = _arrays(predictions, labels)
     return float(f1_score(y, p, pos_label=1, average="binary", zero_division=0))
 
 
 def matthews_correlation(predictions: Sequence[int], labels: Sequence[int]) -> float:
-    from sklearn.metrics import matthews_corrcoef
+    from sklearn.metrics import matthews_corrcoef  # lazy: about a second to import
 
     p, y = _arrays(predictions, labels)
     return float(matthews_corrcoef(y, p))
 
 
 def pearson(predictions: Sequence[float], labels: Sequence[float]) -> float:
-    from scipy.stats import pearsonr
+    from scipy.stats import pearsonr  # lazy: most of a second to import
 
     p, y = _arrays(predictions, labels)
     return float(pearsonr(p, y)[0])
 
 
 def spearmanr(predictions: Sequence[float], labels: Sequence[float]) -> float:
-    from scipy.stats import spearmanr as scipy_spearmanr
+    from scipy.stats import spearmanr as scipy_spearmanr  # lazy: most of a second to import
 
     p, y = _arrays(predictions, labels)
     return float(scipy_spearmanr(p, y)[0])

@@ -28,11 +28,15 @@ import torch, so all of this runs before the heavy imports.
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from huggingface_hub import constants
 
 from omnibert.finetune.spec import TaskData
 from omnibert.finetune.tokenizer import FineTuneInputError
@@ -47,7 +51,7 @@ HUB_TIMEOUT_S = 2.0
 
 def offline() -> bool:
     """Whether the Hugging Face libraries were told not to reach the Hub."""
-    import datasets
+    import datasets  # lazy: datasets takes most of a second to import
 
     flags = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
     env = any(os.environ.get(f, "").upper() in ("1", "ON", "YES", "TRUE") for f in flags)
@@ -72,8 +76,6 @@ def hub_timeout() -> float:
 
 def hub_endpoint() -> str:
     """The Hub ``datasets`` talks to (``HF_ENDPOINT``, else huggingface.co)."""
-    from huggingface_hub import constants
-
     return str(constants.ENDPOINT).rstrip("/")
 
 
@@ -86,9 +88,6 @@ def hub_unreachable() -> str | None:
 
 @cache
 def _probe(endpoint: str, timeout: float) -> str | None:
-    import urllib.error
-    import urllib.request
-
     request = urllib.request.Request(f"{endpoint}/", method="HEAD")
     try:
         with urllib.request.urlopen(request, timeout=timeout):
@@ -108,8 +107,7 @@ def _probe(endpoint: str, timeout: float) -> str | None:
 def _offline_mode() -> Iterator[None]:
     """``datasets`` and ``huggingface_hub`` offline inside the block (as
     ``HF_HUB_OFFLINE=1`` makes them): the cache only, no request, no retries."""
-    import datasets
-    from huggingface_hub import constants
+    import datasets  # lazy: datasets takes most of a second to import
 
     before = (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE)
     datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
@@ -178,7 +176,7 @@ def load_file(data: TaskData, path: Path, key: str, cache_dir: Any) -> Any:
             f"load {data.hub} ({data.config or 'default'}) through datasets."
         )
     if path.suffix == ".parquet":
-        import datasets
+        import datasets  # lazy: datasets takes most of a second to import
 
         try:
             return datasets.load_dataset(
@@ -201,7 +199,7 @@ def _load_dataset(
     role: str,
     where: str,
 ) -> Any:
-    import datasets
+    import datasets  # lazy: datasets takes most of a second to import
 
     local = Path(source).is_dir()
     unreachable = None if local or offline() else hub_unreachable()

@@ -35,6 +35,7 @@ def vocab_is_uncased(vocab_file: str | Path) -> bool:
 def build_tokenizer(vocab_file: str | Path) -> Any:
     """A ``tokenizers.BertWordPieceTokenizer`` for ``vocab_file`` (lower-casing and accent
     stripping as the vocab says), with no truncation or padding set."""
+    # lazy: the apps import this module (FineTuneInputError) before their preflight
     from tokenizers import BertWordPieceTokenizer
 
     path = Path(vocab_file)

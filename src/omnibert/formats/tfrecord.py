@@ -91,6 +91,8 @@ def _table_crc32c() -> Callable[[bytes], int]:
 
 
 def _pick_crc32c() -> Callable[[bytes], int]:
+    # imported here to try them in turn: either package may be missing, and google-crc32c
+    # may be its slow pure-Python build
     with contextlib.suppress(ImportError):
         import google_crc32c
 

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from omnibert.models.config import BertConfig, BertConfigError
 
 if TYPE_CHECKING:
-    from omnibert.models.bert import BertForPreTraining, BertModel, block_diagonal_mask
+    from omnibert.models.attention import block_diagonal_mask
+    from omnibert.models.bert import BertModel
+    from omnibert.models.pretraining import BertForPreTraining
 
 __all__ = [
     "BertConfig",
@@ -22,10 +24,15 @@ __all__ = [
     "block_diagonal_mask",
 ]
 
-_FROM_BERT = ("BertForPreTraining", "BertModel", "block_diagonal_mask")
+#: the torch side, imported on first use: name -> its module
+_LAZY = {
+    "BertForPreTraining": "omnibert.models.pretraining",
+    "BertModel": "omnibert.models.bert",
+    "block_diagonal_mask": "omnibert.models.attention",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_BERT:
-        return getattr(importlib.import_module("omnibert.models.bert"), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

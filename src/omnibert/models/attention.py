@@ -63,9 +63,10 @@ __all__ = [
 #: docs page pretraining/attention.md): at seq 128 rows are ~90-97 % real tokens and unpadding
 #: does not pay (0.99x); at seq 512 (Wikipedia lengths, ~50 % padding) varlen is 2.5x faster
 #: (measured with attention dropout; without it the same rows are skipped, not measured
-#: apart). CUDA: not measured yet (no GPU was available), so the dense mask path (SDPA) stays
-#: until bench numbers say otherwise. Device types not listed (hpu, ipu: static graphs, no
-#: host syncs) use ``sdpa``.
+#: apart). CUDA: ``sdpa`` (the dense mask path): ``auto`` leaves it only where a benchmark
+#: shows a faster backend, and varlen on CUDA has no timing (docs/pretraining/attention.md
+#: says how to take one with ``scripts/bench_gpu.py``). Device types not listed (hpu, ipu:
+#: static graphs, no host syncs) use ``sdpa``.
 AUTO_CHOICES: dict[tuple[str, bool], tuple[tuple[int, str], ...]] = {
     ("cpu", False): ((128, "sdpa"), (1 << 30, "varlen")),
     ("cpu", True): ((128, "math"), (1 << 30, "varlen")),
@@ -177,6 +178,7 @@ def masked_kernel(backend: str) -> Callable[[Tensor, Tensor, Tensor, Tensor, flo
 def _flex_attention(
     query: Tensor, key: Tensor, value: Tensor, query_ids: Tensor, key_ids: Tensor
 ) -> Tensor:
+    # lazy: flex attention exists from torch 2.5 on; omnibert runs on torch 2.1 and later
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def same_sequence(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:

@@ -1,46 +1,51 @@
-"""BERT with the pretraining heads in pure torch, parameter for parameter Hugging Face's layout.
+"""The BERT encoder in pure torch, parameter for parameter Hugging Face's layout.
 
-Module and parameter names equal ``transformers.BertForPreTraining``'s, so its state dict loads
-key for key (our embedding and decoder hold ``padded_vocab_size`` rows). The forward pass takes
-the static-shape batch of the data contract (docs/design.md, ``BATCH_KEYS``) and returns the loss:
+Module and parameter names equal ``transformers.BertModel``'s (under ``bert.`` in
+:class:`~omnibert.models.pretraining.BertForPreTraining`, as in
+``transformers.BertForPreTraining``), so its state dict loads key for key (our embedding
+holds ``padded_vocab_size`` rows). The encoder takes the row tensors of the static-shape
+batch of the data contract (docs/design.md, :data:`BATCH_KEYS`):
 
 * attention is block-diagonal over ``sequence_ids``: query i sees key j iff both carry the same
   id, so packed sequences never see each other and real tokens never see padding (padding sees
   padding, so no row of the mask is empty and nothing turns into NaN); ``config.attention``
   picks the kernel (:mod:`omnibert.models.attention`), ``varlen`` runs the encoder on the
   real tokens only;
-* the MLM head (transform + tied decoder) runs only on the ``P`` gathered masked positions;
-* NSP runs the pooler on the hidden state of each sequence's [CLS] (``nsp_positions``);
-* the last encoder layer computes only those ``P + K`` rows per row of the batch (queries at
-  the read positions, keys and values everywhere): its other outputs would never be read.
+* with ``output_positions`` the last encoder layer computes only those rows per row of the
+  batch (queries at the read positions, keys and values everywhere): the pretraining heads
+  (:mod:`omnibert.models.pretraining`) read no other.
 
 Everything stays on the device: no ``.item()``, no data-dependent Python branches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnibert.models.attention import (
-    DenseAttention,
-    Unpadded,
-    block_diagonal_mask,
-    explicit_attention,
-    resolve_attention,
-)
+from omnibert.models.attention import DenseAttention, Unpadded, resolve_attention
 from omnibert.models.config import BertConfig
 
-__all__ = ["block_diagonal_mask", "explicit_attention"]  # re-exported: tests and callers
+__all__ = [
+    "BATCH_KEYS",
+    "OUTPUT_KEYS",
+    "BertLayer",
+    "BertModel",
+    "gather_rows",
+    "hidden_activation",
+    "init_bert_weights_",
+    "truncated_normal_",
+]
 
 #: one attention of query rows over key rows: (query, key, value, dropout_p) -> context
 Attend = Callable[[Tensor, Tensor, Tensor, float], Tensor]
 
 
-def _activation(name: str) -> nn.Module:
+def hidden_activation(name: str) -> nn.Module:
+    """The module of ``config.hidden_act`` (HF's names; anything else: ReLU)."""
     if name == "gelu":
         return nn.GELU()
     if name in ("gelu_new", "gelu_pytorch_tanh"):
@@ -203,7 +208,7 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.intermediate_act_fn = _activation(config.hidden_act)
+        self.intermediate_act_fn = hidden_activation(config.hidden_act)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         return self.intermediate_act_fn(self.dense(hidden_states))
@@ -300,7 +305,7 @@ class BertModel(nn.Module):
         device = input_ids.device.type
         backend = resolve_attention(config.attention, device, dropout, input_ids.shape[1])
         if backend == "varlen":
-            # the re-padded buckets' kernel where no fused one runs: today's dense choice
+            # the re-padded buckets' kernel where no fused one runs: the dense path's choice
             # (math with dropout on the CPU, where SDPA's dropout path is slow; SDPA otherwise)
             kernel = "math" if dropout and device == "cpu" else "sdpa"
             return self._forward_unpadded(
@@ -340,120 +345,3 @@ class BertModel(nn.Module):
         queries = unpadded.queries
         rows = self.encoder(hidden, unpadded.attention, (unpadded.last, lambda h: h[:, queries]))
         return unpadded.scatter(rows, output_positions.shape[1])
-
-
-class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.transform_act_fn = _activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
-
-
-class BertLMPredictionHead(nn.Module):
-    """Transform + decoder; ``decoder.weight`` is the word embedding, ``decoder.bias`` is ``bias``."""
-
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
-        super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
-        # built on the meta device: both of its parameters are replaced by shared ones below
-        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size, device="meta")
-        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
-        # the same Parameter objects: tying survives load_state_dict, .to() and deepcopy
-        self.decoder.weight = word_embeddings.weight
-        self.decoder.bias = self.bias
-
-    def forward(self, hidden_states: Tensor) -> Tensor:
-        return self.decoder(self.transform(hidden_states))
-
-
-class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
-        super().__init__()
-        self.predictions = BertLMPredictionHead(config, word_embeddings)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
-
-
-def _weighted_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-    count = weights.sum()
-    return (values * weights).sum() / count.clamp(min=1.0), count
-
-
-class BertForPreTraining(nn.Module):
-    """BERT with the MLM and NSP heads; ``forward(batch)`` returns the losses and counts."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
-        self.reset_parameters()
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Google BERT's init (:func:`init_bert_weights_`); the decoder's weight is the word
-        embedding, its bias ``cls.predictions.bias`` (zero)."""
-        init_bert_weights_(self, self.config.initializer_range, skip=self.cls.predictions.decoder)
-        self.cls.predictions.bias.zero_()
-        # rows past the real vocabulary are never looked up nor scored: keep them at zero
-        self.bert.embeddings.word_embeddings.weight[self.config.vocab_size :].zero_()
-
-    def forward(
-        self, batch: Mapping[str, Tensor], *, return_logits: bool = False
-    ) -> dict[str, Tensor]:
-        """Losses of one batch (the data contract's keys).
-
-        Returns 0-dim float32 tensors ``loss`` (= ``mlm_loss + nsp_loss``), ``mlm_loss`` and
-        ``nsp_loss`` (weighted means over the real slots), ``mlm_correct``/``mlm_count`` and
-        ``nsp_correct``/``nsp_count`` (weight sums); with ``return_logits`` also
-        ``mlm_logits [B,P,padded_vocab_size]`` (columns from ``vocab_size`` on are vocab
-        padding, never scored) and ``nsp_logits [B,K,2]``.
-        """
-        mlm_positions = batch["masked_lm_positions"]
-        nsp_positions = batch["nsp_positions"]
-        # only the rows the heads read: P masked positions and K [CLS] positions per row
-        hidden = self.bert(
-            batch["input_ids"],
-            batch["segment_ids"],
-            batch["position_ids"],
-            batch["sequence_ids"],
-            output_positions=torch.cat((mlm_positions, nsp_positions), dim=1),
-            sequences_per_row=nsp_positions.shape[1],  # one NSP slot per sequence
-        )
-        predictions = mlm_positions.shape[1]
-        mlm_hidden = hidden[:, :predictions].reshape(-1, hidden.shape[-1])
-        nsp_hidden = hidden[:, predictions:].reshape(-1, hidden.shape[-1])
-        mlm_logits = self.cls.predictions(mlm_hidden)
-        nsp_logits = self.cls.seq_relationship(self.bert.pooler(nsp_hidden))
-
-        vocab = self.config.vocab_size
-        mlm_scores = mlm_logits[:, :vocab].float()
-        mlm_labels = batch["masked_lm_ids"].reshape(-1)
-        mlm_weights = batch["masked_lm_weights"].reshape(-1).float()
-        mlm_ce = F.cross_entropy(mlm_scores, mlm_labels, reduction="none")
-        mlm_loss, mlm_count = _weighted_mean(mlm_ce, mlm_weights)
-        mlm_hits = (mlm_scores.argmax(-1) == mlm_labels).float()
-
-        nsp_scores = nsp_logits.float()
-        nsp_labels = batch["nsp_labels"].reshape(-1)
-        nsp_weights = batch["nsp_weights"].reshape(-1).float()
-        nsp_ce = F.cross_entropy(nsp_scores, nsp_labels, reduction="none")
-        nsp_loss, nsp_count = _weighted_mean(nsp_ce, nsp_weights)
-        nsp_hits = (nsp_scores.argmax(-1) == nsp_labels).float()
-
-        out = {
-            "loss": mlm_loss + nsp_loss,
-            "mlm_loss": mlm_loss,
-            "nsp_loss": nsp_loss,
-            "mlm_correct": (mlm_hits * mlm_weights).sum(),
-            "mlm_count": mlm_count,
-            "nsp_correct": (nsp_hits * nsp_weights).sum(),
-            "nsp_count": nsp_count,
-        }
-        if return_logits:
-            out["mlm_logits"] = mlm_logits.view(*mlm_positions.shape, -1)
-            out["nsp_logits"] = nsp_logits.view(*nsp_positions.shape, 2)
-        return out

@@ -5,7 +5,8 @@ Defaults are NVIDIA apex ``FusedLAMB``'s: global gradient norm over all groups, 
 ``‖p‖/‖u‖`` where the group's weight decay is not 0 (or ``use_nvlamb``), 1 when either norm
 is 0. Extra keyword-only flags cover the other references (MLPerf TF name exclusions,
 poptorch's ``max_weight_norm``) and omnibert's own needs (fp32 master weights for bf16/fp16
-parameters, the implementation choice).
+parameters, the implementation choice). The implementations themselves and the step
+drivers that run them over the groups live in :mod:`omnibert.optim.lamb_impls`.
 """
 
 from __future__ import annotations
@@ -17,87 +18,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from omnibert.optim.lamb_math import (
-    LambBatch,
-    LambHyper,
-    foreach_apply,
-    foreach_norms,
-    foreach_update,
-    grad_sumsq,
-    inverse_clip_factor,
-    reference_apply,
-    reference_norms,
-    reference_update,
+from omnibert.optim.lamb_impls import (
+    IMPLS,
+    STAGES,
+    UPDATES,
+    Built,
+    multi_tensor_lamb,
+    shard_all_reduce,
+    staged_step,
+    triton_step,
 )
+from omnibert.optim.lamb_math import LambBatch, LambHyper
 from omnibert.optim.param_groups import matches_any, normalize_params
 from omnibert.optim.sharding import dtensor_shard_group, local
-
-IMPLS = ("auto", "reference", "foreach", "compiled", "triton")
-UpdateFn = Callable[[LambBatch, Tensor], None]
-#: stage 1 of a group (moments; updates or a context; ``[n, 2]`` squared norms) and stage 2
-#: (apply with the trust ratio from those norms, summed over ranks when tensors are shards)
-NormsFn = Callable[[LambBatch, Tensor], tuple[Any, Tensor]]
-ApplyFn = Callable[[LambBatch, Any, Tensor], None]
-
-
-def _compiled_norms(batch: LambBatch, inv_clip: Tensor) -> tuple[Any, Tensor]:
-    from omnibert.optim.lamb_compiled import compiled_norms
-
-    return compiled_norms(batch, inv_clip)
-
-
-def _compiled_apply(batch: LambBatch, ctx: Any, sq_norms: Tensor) -> None:
-    from omnibert.optim.lamb_compiled import compiled_apply
-
-    compiled_apply(batch, ctx, sq_norms)
-
-
-def _compiled_update(batch: LambBatch, inv_clip: Tensor) -> None:
-    from omnibert.optim.lamb_compiled import compiled_update
-
-    compiled_update(batch, inv_clip)
-
-
-def _triton_update(batch: LambBatch, inv_clip: Tensor) -> None:
-    """One group through the multi-tensor kernel with a given clip factor (the warm-up's
-    build check; the optimiser's step runs every group in one call, clipping included)."""
-    from omnibert_kernels.lamb_triton import MultiTensorLamb
-
-    h = batch.hyper
-    MultiTensorLamb().step(
-        batch.params,
-        [g * inv_clip for g in batch.grads],
-        batch.exp_avgs,
-        batch.exp_avg_sqs,
-        tensor_group=[0] * len(batch),
-        decays=batch.decays,
-        adapt=batch.adapt,
-        groups=[_coefficients(h)],
-        adam_w_mode=h.adam_w_mode,
-        max_grad_norm=None,
-    )
-
-
-def _coefficients(h: LambHyper) -> Any:
-    from omnibert_kernels.lamb_triton import GroupCoefficients
-
-    bc1, bc2 = h.bias_corrections
-    return GroupCoefficients(h.lr, h.beta1, h.beta2, h.beta3, bc1, bc2, h.eps, h.max_weight_norm)
-
-
-#: whole single-group updates (the warm-up runs these on tiny tensors)
-UPDATES: dict[str, UpdateFn] = {
-    "reference": reference_update,
-    "foreach": foreach_update,
-    "compiled": _compiled_update,
-    "triton": _triton_update,
-}
-#: the two stages of the per-group implementations (``triton`` runs all groups at once)
-STAGES: dict[str, tuple[NormsFn, ApplyFn]] = {
-    "reference": (reference_norms, reference_apply),
-    "foreach": (foreach_norms, foreach_apply),
-    "compiled": (_compiled_norms, _compiled_apply),
-}
 
 
 class Lamb(torch.optim.Optimizer):
@@ -234,6 +167,7 @@ class Lamb(torch.optim.Optimizer):
             and "triton" not in self._broken_impls
             and all(local(p).is_contiguous() for p in params)
         ):
+            # lazy: only the Triton path needs omnibert_kernels
             from omnibert_kernels.lamb_triton import triton_available
 
             if triton_available(device):
@@ -286,9 +220,7 @@ class Lamb(torch.optim.Optimizer):
             return [not matches_any(n, self.exclude_from_layer_adaptation) for n in names]
         return [self.use_nvlamb or d != 0 for d in decays]
 
-    def _group_batch(
-        self, group: dict[str, Any], native_low_precision: bool = False
-    ) -> tuple[LambBatch, list[tuple[Tensor, Tensor]], list[Tensor | None]]:
+    def _group_batch(self, group: dict[str, Any], native_low_precision: bool = False) -> Built:
         """The tensors of ``group`` with a gradient, (param, master) pairs to copy back, and
         per tensor the low-precision model tensor a kernel writes itself (``None``: none).
 
@@ -372,21 +304,7 @@ class Lamb(torch.optim.Optimizer):
             group = self._dtensor_group
         if group is None:
             return None
-        import torch.distributed as dist
-
-        total = sum(len(g["params"]) for g in self.param_groups)
-
-        def all_reduce(t: Tensor) -> None:
-            if t.dim() == 1:
-                dist.all_reduce(t, group=group)
-                return
-            rows = torch.tensor(slots, dtype=torch.long, device=t.device)
-            full = torch.zeros(total, 2, dtype=t.dtype, device=t.device)
-            full.index_copy_(0, rows, t)
-            dist.all_reduce(full, group=group)
-            t.copy_(full.index_select(0, rows))
-
-        return all_reduce
+        return shard_all_reduce(group, slots, sum(len(g["params"]) for g in self.param_groups))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -408,81 +326,16 @@ class Lamb(torch.optim.Optimizer):
             self._group_batch(g, native_low_precision=name == "triton") for g in self.param_groups
         ]
         if name == "triton":
-            self.last_grad_norm = self._triton_step(built, reduce, device)
+            if self._multi_tensor is None:
+                self._multi_tensor = multi_tensor_lamb(chunk_size=self.triton_chunk_size)
+            self.last_grad_norm = triton_step(
+                self._multi_tensor, built, reduce, device, self.adam_w_mode, self.max_grad_norm
+            )
         else:
-            self.last_grad_norm = self._staged_step(STAGES[name], built, reduce, device)
+            self.last_grad_norm = staged_step(
+                STAGES[name], built, reduce, device, self.max_grad_norm
+            )
         for _, copy_back, _ in built:
             for p, work in copy_back:
                 p.copy_(work)
         return loss
-
-    def _staged_step(
-        self,
-        stages: tuple[NormsFn, ApplyFn],
-        built: list[tuple[LambBatch, Any, Any]],
-        reduce: Callable[[Tensor], None] | None,
-        device: torch.device,
-    ) -> Tensor:
-        """Global norm, stage 1 of every group, (all-reduce), stage 2 of every group."""
-        norms_fn, apply_fn = stages
-        sumsq = grad_sumsq([g for b, _, _ in built for g in b.grads], device)
-        if reduce is not None:
-            reduce(sumsq)
-        grad_norm = sumsq.sqrt().reshape(())
-        inv_clip = inverse_clip_factor(grad_norm, self.max_grad_norm)
-        firsts = [norms_fn(b, inv_clip) if len(b) else (None, None) for b, _, _ in built]
-        if reduce is not None:
-            stacked = [sq for _, sq in firsts if sq is not None]
-            rows = torch.cat(stacked) if stacked else torch.zeros(0, 2, device=device)
-            reduce(rows)
-            sizes = [len(b) for b, _, _ in built if len(b)]
-            it = iter(rows.split(sizes))
-            firsts = [(ctx, next(it)) if sq is not None else (ctx, sq) for ctx, sq in firsts]
-        for (batch, _, _), (ctx, sq) in zip(built, firsts, strict=True):
-            if sq is not None:
-                apply_fn(batch, ctx, sq)
-        return grad_norm
-
-    def _triton_step(
-        self,
-        built: list[tuple[LambBatch, Any, list[Tensor | None]]],
-        reduce: Callable[[Tensor], None] | None,
-        device: torch.device,
-    ) -> Tensor:
-        """Every group in one multi-tensor call (four Triton launches)."""
-        from omnibert_kernels.lamb_triton import MultiTensorLamb
-
-        if self._multi_tensor is None:
-            self._multi_tensor = MultiTensorLamb(chunk_size=self.triton_chunk_size)
-        cols: dict[str, list[Any]] = {k: [] for k in ("p", "g", "m", "v", "mirror", "group")}
-        decays: list[float] = []
-        adapt: list[bool] = []
-        for i, (b, _, mirrors) in enumerate(built):
-            cols["p"] += b.params
-            cols["g"] += b.grads
-            cols["m"] += b.exp_avgs
-            cols["v"] += b.exp_avg_sqs
-            cols["mirror"] += mirrors
-            cols["group"] += [i] * len(b)
-            decays += b.decays
-            adapt += b.adapt
-        if not cols["p"]:  # a rank without gradients still takes part in the all-reduces
-            if reduce is not None:
-                reduce(torch.zeros(1, device=device))
-                reduce(torch.zeros(0, 2, device=device))
-            return torch.zeros((), device=device)
-        norm: Tensor = self._multi_tensor.step(
-            cols["p"],
-            [g if g.is_contiguous() else g.contiguous() for g in cols["g"]],
-            cols["m"],
-            cols["v"],
-            tensor_group=cols["group"],
-            decays=decays,
-            adapt=adapt,
-            groups=[_coefficients(b.hyper) for b, _, _ in built],
-            adam_w_mode=self.adam_w_mode,
-            max_grad_norm=self.max_grad_norm,
-            mirrors=cols["mirror"],
-            all_reduce=reduce,
-        )
-        return norm

@@ -26,7 +26,9 @@ from torch import Tensor, nn
 
 def _dtensor_type() -> type | None:
     try:
-        from torch.distributed.tensor import DTensor  # compat: torch >= 2.4
+        # lazy: half a second to import, paid at the first step, not by every importer of
+        # omnibert.optim; compat: torch >= 2.4
+        from torch.distributed.tensor import DTensor
     except ImportError:
         return None
     return DTensor
@@ -70,6 +72,7 @@ def fsdp_shard_group(module: nn.Module | None) -> Any:
     if module is None:
         return None
     try:
+        # lazy: half a second to import; only a run with a module to inspect pays it
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     except ImportError:
         return None

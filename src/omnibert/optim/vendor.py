@@ -1,9 +1,9 @@
 """Vendor LAMBs as explicit optimiser choices: ``optimizer=lamb_habana`` and
 ``optimizer=lamb_poptorch``. Never swapped in by an accelerator plugin.
 
-Vendor SDKs are imported inside these functions only. Neither was run on real hardware in
-this project's tests: they run against fake ``habana_frameworks`` / ``poptorch`` modules that
-follow the documented signatures (``tests/fakes/sdk``).
+Vendor SDKs are imported inside these functions only, so that the module imports anywhere.
+The tests run both against fake ``habana_frameworks`` / ``poptorch`` modules that follow the
+documented signatures (``tests/fakes/sdk``), not on real hardware.
 
 * :func:`habana_lamb` (``conf/optimizer/lamb_habana.yaml``) takes :class:`Lamb`'s keyword
   arguments and returns ``habana_frameworks.torch.hpex.optimizers.FusedLamb`` computing the
@@ -72,7 +72,7 @@ def habana_lamb(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
             + "; ".join(reasons)
             + "; drop those settings or use optimizer=lamb, which runs on Gaudi too."
         )
-    try:
+    try:  # lazy: Intel's Gaudi SDK, importable only in its container
         from habana_frameworks.torch.hpex.optimizers import FusedLamb
     except ImportError as err:
         raise VendorOptimizerError(
@@ -114,7 +114,7 @@ def poptorch_lamb(
     clamped at ``max_weight_norm``, per-parameter step counts. ``loss_scaling`` is poptorch's
     static loss scale (the loss is multiplied by it before backward and the gradients divided
     by it in the update, inside the IPU program), for ``trainer.precision=16-true``."""
-    try:
+    try:  # lazy: Graphcore's Poplar SDK, importable only in its environment
         import poptorch
     except ImportError as err:
         raise VendorOptimizerError(

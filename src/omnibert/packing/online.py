@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from omnibert.packing.assign import pack_lengths
 from omnibert.packing.budget import from_matrix, split_over_budget, to_matrix
 from omnibert.packing.plan import WINDOW_ALGORITHMS, IntArray
 
@@ -121,8 +122,6 @@ def pack_window(
         return best_fit_decreasing(
             lengths, masks, max_sequence_length, max_sequences_per_pack, max_predictions_per_pack
         )
-    from omnibert.packing.assign import pack_lengths
-
     masks = np.asarray(masks, dtype=np.int64)
     if masks.size and masks.max() > max_predictions_per_pack:
         raise ValueError(

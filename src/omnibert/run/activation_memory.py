@@ -44,6 +44,10 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from omnibert.callbacks.throughput import measure_flops
+from omnibert.models import BertForPreTraining
+from omnibert.models.attention import resolve_attention
+
 __all__ = [
     "CUDA_TRANSIENT_LAYERS",
     "TRANSIENT_FACTOR",
@@ -148,8 +152,6 @@ def target_kernels(config: Any, device_type: str, precision: str, seq_length: in
     attention backend it runs (``model.config.attention``, auto resolved as
     :func:`omnibert.models.attention.resolve_attention` does for the device) and whether its
     SDPA is a fused kernel there; ``precision`` sets autocast."""
-    from omnibert.models.attention import resolve_attention
-
     dropout = config.attention_probs_dropout_prob > 0.0
     autocast = AUTOCAST_DTYPES.get(precision)
     backend = resolve_attention(config.attention, device_type, dropout, seq_length)
@@ -330,9 +332,6 @@ def estimate(
     memory of a training step of ``config`` at ``shapes`` in ``precision`` on a
     ``device_type`` device (module docstring, points 1-2): its activations counted on the meta
     device with the kernels that device runs (:func:`target_kernels`)."""
-    from omnibert.callbacks.throughput import measure_flops
-    from omnibert.models import BertForPreTraining
-
     batch = meta_batch(shapes)
     target = target_kernels(config, device_type, precision, shapes["input_ids"][1])
     with torch.device("meta"):

@@ -34,9 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from omnibert.compat import flop_counter_name, seed_everything
+from omnibert.models import BertForPreTraining
+from omnibert.optim.build import build_optimizer
 from omnibert.run.activation_memory import estimate
 
 __all__ = ["available_memory", "compile_only", "format_report", "report_metrics"]
@@ -96,8 +100,6 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 def _first_batch(datamodule: Any) -> dict[str, Tensor]:
     """The run's first training batch, read in this process (no loader workers)."""
-    from torch.utils.data import DataLoader
-
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
     single = DataLoader(
@@ -107,25 +109,21 @@ def _first_batch(datamodule: Any) -> dict[str, Tensor]:
     return batch
 
 
-def compile_only(
-    c: Mapping[str, Any], plan: Any, datamodule: Any, plugin: Any, output_dir: Path | None
-) -> dict[str, Any]:
-    """Run ``compile_only`` for the resolved config ``c`` and the derived ``plan`` (module doc);
-    returns the report, also printed and written to ``output_dir``."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    from omnibert.models import BertConfig, BertForPreTraining
-
+def compile_only(prepared: Any, output_dir: Path | None) -> dict[str, Any]:
+    """Run ``compile_only`` for a prepared run (:class:`~omnibert.run.pipeline.Prepared`: its
+    config, plan, data and plugin; module doc); returns the report, also printed and written
+    to ``output_dir``."""
+    plan, datamodule, plugin = prepared.plan, prepared.datamodule, prepared.plugin
     start = time.perf_counter()
     plugin.check_precision(plan.precision)
     shapes = datamodule.describe()["shapes"]
-    config = BertConfig(**{**c["model"]["config"], "vocab_size": plan.vocab_size})
+    config = plan.model
     counted = estimate(
         config, shapes, plan.precision, plan.clip_grad_per_micro_batch, plugin.device.type
     )
     batch = plan.batch
     report: dict[str, Any] = {
-        "model": c["model"]["name"],
+        "model": prepared.config.model.name,
         "accelerator": plugin.describe(),
         "precision": plan.precision,
         "batch": {
@@ -157,9 +155,9 @@ def compile_only(
             f"{_gib(available)} the device has; the step was not run"
         )
     else:
-        seed_everything(c["seed"], workers=False)
+        seed_everything(prepared.config.seed, workers=False)
         model = BertForPreTraining(config)
-        optimizer = plugin.build_optimizer(model.named_parameters(), c["optimizer"])
+        optimizer = build_optimizer(prepared.config.optimizer, model.named_parameters())
         real = _first_batch(datamodule)
         # IPU: the device-side gradient accumulation sizes the compiled combined batch
         plugin.loop_kwargs(

@@ -19,48 +19,46 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 from omegaconf import DictConfig
 
-from omnibert.run.checks import instantiate_node, resolve_config
+from omnibert.accelerators import build_plugin
+from omnibert.callbacks.progress import ProgressLog
+from omnibert.compat import load_checkpoint, seed_everything
+from omnibert.config.tools import EvalConfig
+from omnibert.convert.checkpoints import load_pretrained
+from omnibert.convert.tf1_bundle import TF1Checkpoint
+from omnibert.run.pipeline import quiet_third_party_deprecations
 from omnibert.run.plan import TrainConfigError
+from omnibert.run.target_types import check_target_types
+from omnibert.tasks.pretraining import PretrainingTask
 
 __all__ = ["evaluate"]
 
 MODEL_FACTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
-def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
-    """Evaluate ``cfg.ckpt`` on ``cfg.data``'s eval set; returns the report."""
-    import lightning.pytorch as pl
-
-    from omnibert.accelerators import build_plugin
-    from omnibert.compat import seed_everything
-    from omnibert.convert.checkpoints import load_pretrained
-    from omnibert.run.target_types import check_target_types
-    from omnibert.run.training import quiet_third_party_deprecations
-    from omnibert.tasks.pretraining import PretrainingTask
-
+def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """Evaluate ``ckpt`` on ``data``'s eval set; returns the report (``cfg``: the typed
+    config the app built, or the composed one)."""
     quiet_third_party_deprecations()
-
-    c = resolve_config(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>")
-    check_target_types(c)
-    size = c["eval_micro_batch_size"]
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise TrainConfigError(f"eval_micro_batch_size={size!r} must be a positive integer.")
-    plugin = build_plugin(cfg.accelerator)
-    plugin.check_precision(str(c["precision"]))
-    loaded = load_pretrained(c["ckpt"], c.get("bert_config"))
-    step = checkpoint_step(c["ckpt"], loaded.kind)
-    datamodule = instantiate_node(
-        cfg.data, micro_batch_size=size, eval_micro_batch_size=size, evaluate_only=True
+    config = cfg if isinstance(cfg, EvalConfig) else EvalConfig.of(cfg, TrainConfigError)
+    check_target_types([config.accelerator, config.data])
+    size = config.eval_micro_batch_size
+    plugin = build_plugin(config.accelerator.plain())
+    plugin.check_precision(config.precision)
+    loaded = load_pretrained(config.ckpt, config.bert_config)
+    step = checkpoint_step(config.ckpt, loaded.kind)
+    datamodule = config.data.build(
+        micro_batch_size=size, eval_micro_batch_size=size, evaluate_only=True
     )
     datamodule.check()
-    config = loaded.config
-    _check_fit(config, datamodule)
-    task = PretrainingTask(model_config=config.to_dict(), vocab_file=loaded.vocab_file)
+    model_config = loaded.config
+    _check_fit(model_config, datamodule)
+    task = PretrainingTask(model_config=model_config.to_dict(), vocab_file=loaded.vocab_file)
     task.model = loaded.model  # the loaded weights; the task brings the metrics
-    seed_everything(c["seed"], workers=False)
-    hardware = plugin.trainer_kwargs(str(c["precision"]))
+    seed_everything(config.seed, workers=False)
+    hardware = plugin.trainer_kwargs(config.precision)
     trainer = pl.Trainer(
         **hardware,
         callbacks=[] if sys.stdout.isatty() else [_progress(step)],
@@ -75,14 +73,14 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     val = task.last_validation or {}
     return {
-        "checkpoint": str(c["ckpt"]),
+        "checkpoint": config.ckpt,
         "checkpoint_kind": loaded.kind,
         "step": step,
         "loaded": loaded.description,
-        "model": {k: getattr(config, k) for k in MODEL_FACTS},
+        "model": {k: getattr(model_config, k) for k in MODEL_FACTS},
         "data": {
             "format": datamodule.format,
-            "eval_path": c["data"].get("eval_path"),
+            "eval_path": config.eval_path,
             "max_seq_length": datamodule.max_seq_length,
             "max_predictions_per_seq": datamodule.max_predictions_per_seq,
         },
@@ -95,7 +93,7 @@ def evaluate(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         "mlm_loss": val.get("val/mlm_loss"),
         "nsp_loss": val.get("val/nsp_loss"),
         "loss": val.get("val/loss"),
-        "precision": str(c["precision"]),
+        "precision": config.precision,
         "seconds": round(seconds, 3),
     }
 
@@ -106,12 +104,8 @@ def checkpoint_step(path: str | Path, kind: str) -> int | None:
     when it has none (a Hugging Face directory) or it cannot be read."""
     try:
         if kind in ("omnibert", "finetuned"):
-            from omnibert.compat import load_checkpoint
-
             value = load_checkpoint(path, mmap=True).get("global_step")  # no tensor is read
         elif kind == "tf1":
-            from omnibert.convert.tf1_bundle import TF1Checkpoint
-
             prefix = Path(path).with_suffix("") if Path(path).suffix == ".index" else Path(path)
             bundle = TF1Checkpoint(prefix)
             value = bundle.read("global_step").item() if "global_step" in bundle else None
@@ -125,7 +119,6 @@ def checkpoint_step(path: str | Path, kind: str) -> int | None:
 def _progress(step: int | None) -> Any:
     """omnibert-eval's progress lines (stdout not a terminal): the validation line names the
     checkpoint's step, since this Trainer never trained (its ``global_step`` is 0)."""
-    from omnibert.callbacks.progress import ProgressLog
 
     class EvalProgress(ProgressLog):
         def _print(self, trainer: Any, text: str) -> None:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnibert.finetune.tokenizer import FineTuneInputError
+from omnibert.ckpt_files import unreadable_checkpoint
+from omnibert.compat import load_checkpoint
+from omnibert.convert.checkpoints import FINETUNED_CKPT as FINAL
+from omnibert.convert.checkpoints import finetune_recipe
+from omnibert.convert.hf import export_hf
+from omnibert.finetune.tokenizer import FineTuneInputError, vocab_is_uncased
+from omnibert.run.finetune_inputs import task_data
+from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
 __all__ = [
     "Finetuned",
@@ -34,8 +41,6 @@ class Finetuned:
 
 
 def _checkpoint_file(path: Path) -> Path:
-    from omnibert.convert.checkpoints import FINETUNED_CKPT as FINAL  # imports torch
-
     if path.is_dir():
         if (path / FINAL).is_file():
             return path / FINAL
@@ -53,23 +58,16 @@ def _checkpoint_file(path: Path) -> Path:
 def task_class(recipe: dict[str, Any]) -> Any:
     """The LightningModule a fine-tuned recipe was trained with: question answering for a
     recipe with windows (``doc_stride``; SQuAD), sequence classification otherwise."""
-    from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
-
     squad = "doc_stride" in recipe or recipe.get("format") == "squad"
     return QuestionAnsweringTask if squad else SequenceClassificationTask
 
 
 def load_finetuned(path: str | Path) -> Finetuned:
     """The fine-tuned task stored at ``path`` (a run directory or a ``.ckpt``), in eval mode."""
-    from omnibert.compat import load_checkpoint
-    from omnibert.convert.checkpoints import finetune_recipe
-
     file = _checkpoint_file(Path(path))
     try:
         ckpt = load_checkpoint(file)
     except Exception as err:
-        from omnibert.ckpt_files import unreadable_checkpoint
-
         raise FineTuneInputError(unreadable_checkpoint("ckpt", file, err)) from err
     hparams = ckpt.get("hyper_parameters") or {}
     recipe = finetune_recipe(hparams)
@@ -111,8 +109,6 @@ def export_hf_finetuned(
     directory unchanged, with no missing or unexpected key. ``out_dir``: empty or absent
     unless ``overwrite`` (:func:`omnibert.convert.hf.export_hf`).
     """
-    from omnibert.convert.hf import export_hf
-    from omnibert.finetune.tokenizer import vocab_is_uncased
 
     model = finetuned.task.model
     hf = model.config.to_hf_dict()
@@ -139,7 +135,6 @@ def _labels(recipe: dict[str, Any], num_labels: int) -> dict[str, Any]:
     """``problem_type``, ``id2label`` and ``label2id`` of a classification head: the task's
     label names (:class:`omnibert.finetune.glue.GlueData`), Hugging Face's ``LABEL_<i>``
     where the task has none (STS-B's one score)."""
-    from omnibert.run.finetuning import task_data
 
     names = getattr(task_data(recipe), "label_names", None)
     if names is None or len(names) != num_labels:

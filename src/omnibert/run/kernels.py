@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from omnibert.models import BertConfig, BertForPreTraining
+
 LAMB_TARGETS = ("omnibert.optim.Lamb", "omnibert.optim.lamb.Lamb")
 ADAMW_TARGETS = ("omnibert.optim.AdamW", "omnibert.optim.param_groups.AdamW")
 #: Lamb's default ``compile_min_numel``
@@ -24,8 +26,6 @@ LAMB_COMPILE_MIN_NUMEL = 20_000_000
 def count_parameters(model_config: Mapping[str, Any]) -> int:
     """Parameters of :class:`~omnibert.models.BertForPreTraining` for ``model_config`` (built
     on the meta device: no memory, no init)."""
-    from omnibert.models import BertConfig, BertForPreTraining
-
     with torch.device("meta"):
         model = BertForPreTraining(BertConfig(**dict(model_config)))
     return sum(p.numel() for p in model.parameters())

@@ -30,12 +30,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from omnibert.compat import load_checkpoint
+from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 from omnibert.run.plan import TrainConfigError
+from omnibert.run.pretraining import check_data
 
 __all__ = ["derive_phases", "phase_status", "run_phases"]
 
-RunOne = Callable[[DictConfig, Path | None], dict[str, Any]]
+RunOne = Callable[[TrainConfig, Path | None], dict[str, Any]]
 
 
 def derive_phases(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
@@ -92,38 +94,28 @@ def phase_status(checkpoint_dir: str | Path, max_steps: int) -> tuple[str, Path]
 
 
 def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dict[str, Any]:
-    """Run the phases in order with ``run_one(config, output_dir)`` (the single-run app)."""
-    from omnibert.run.training import check_data
-
-    phases = derive_phases(cfg)
-    for name, phase_cfg in phases[1:]:  # later phases' data before anything trains (the
+    """Run the phases in order with ``run_one(config, output_dir)`` (the single-run app); each
+    phase's config is typed once."""
+    derived = derive_phases(cfg)
+    phases = [(derived[0][0], TrainConfig.of(derived[0][1]))]
+    for name, phase_cfg in derived[1:]:  # later phases' data before anything trains (the
         try:  # first phase's is checked as it starts)
-            check_data(phase_cfg)
+            config = TrainConfig.of(phase_cfg)
+            check_data(config)
         except UserError as err:
             raise TrainConfigError(f"phases.{name}: {err}") from err
+        phases.append((name, config))
     summaries: dict[str, Any] = {}
-    if cfg.get("compile_only"):  # every phase's shapes; no weights to hand on, nothing resumed
-        for name, phase_cfg in phases:
+    if phases[0][1].compile_only:  # every phase's shapes; no weights to hand on, nothing resumed
+        for name, config in phases:
             out = None if output_dir is None else output_dir / name
             print(f"omnibert-train: {name}: compile only", flush=True)
-            alone = OmegaConf.merge(phase_cfg, {"phase": {"init_from": None}})
-            assert isinstance(alone, DictConfig)
-            summaries[name] = run_one(alone, out)
+            summaries[name] = run_one(config.starting_from(None), out)
         return {"phases": summaries}
     previous: Path | None = None
-    for index, (name, phase_cfg) in enumerate(phases):
+    for index, (name, config) in enumerate(phases):
         out = None if output_dir is None else output_dir / name
-        status, last = phase_status(
-            OmegaConf.select(phase_cfg, "paths.checkpoint_dir"),
-            int(OmegaConf.select(phase_cfg, "phase.max_steps")),
-        )
-        changes: dict[str, Any] = {}
-        if index > 0:
-            assert previous is not None
-            changes["phase"] = {"init_from": str(previous)}
-            changes["model"] = {"init_from": None}
-        if status == "resume":
-            changes["ckpt_path"] = str(last)
+        status, last = phase_status(config.paths.checkpoint_dir, config.phase.max_steps)
         if status == "done":
             print(f"omnibert-train: {name} finished earlier ({last}); skipped", flush=True)
             summaries[name] = {"skipped": True, "last_checkpoint": str(last)}
@@ -131,8 +123,12 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
             note = f"resuming from {last}" if status == "resume" else "starting"
             took = f", weights from {previous} (fresh optimiser)" if index else ""
             print(f"omnibert-train: {name}: {note}{took}", flush=True)
-            merged = OmegaConf.merge(phase_cfg, changes)
-            assert isinstance(merged, DictConfig)
-            summaries[name] = run_one(merged, out)
+            if index > 0:
+                config = config.starting_from(str(previous), model_init=False)
+            if status == "resume":
+                config = config.starting_from(
+                    config.phase.init_from, str(last), model_init=index == 0
+                )
+            summaries[name] = run_one(config, out)
         previous = last.resolve()
     return {"phases": summaries}

@@ -9,15 +9,12 @@ checked, printed and saved with the run as :class:`TrainPlan`. Every problem is 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from omnibert.errors import UserError
-
-
-class TrainConfigError(UserError):
-    """The training configuration cannot work; the message names the key and the fix."""
+from omnibert.config import TrainConfigError
 
 
 @dataclass(frozen=True)
@@ -147,9 +144,19 @@ class TrainPlan:
     kernels: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the attention backend (model.config.attention; auto: its choice for this device)
     attention: str = ""
+    #: the architecture, vocab size resolved (a BertConfig; not in to_dict: model.config has it)
+    model: Any = dataclasses.field(default=None, metadata={"internal": True})
+    #: the initial weights, checked (run.init_from.PretrainingInit; init_from names them)
+    init: Any = dataclasses.field(default=None, metadata={"internal": True})
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {
+            f.name: dataclasses.asdict(getattr(self, f.name))
+            if dataclasses.is_dataclass(getattr(self, f.name))
+            else copy.deepcopy(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if not f.metadata.get("internal")
+        }
         out["batch"].update(
             rows_per_step=self.batch.rows_per_step,
             sequences_per_step=self.batch.sequences_per_step,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnibert.config.tools import PredictConfig
 from omnibert.finetune.tokenizer import FineTuneInputError
 
 __all__ = ["STDIN", "Inputs", "check_task", "predict_records", "read_inputs"]
@@ -59,18 +60,18 @@ def _is_squad(data: Any) -> bool:
     return isinstance(data, SquadData)
 
 
-def check_task(cfg: Mapping[str, Any], data: Any, ckpt: str) -> None:
+def check_task(cfg: PredictConfig, data: Any, ckpt: str) -> None:
     """A checkpoint of one task asked to predict another (``task_name=``, or inputs of
     another kind): one sentence."""
     name = data.task
-    wanted = cfg.get("task_name")
+    wanted = cfg.task_name
     if wanted and wanted != name:
         raise FineTuneInputError(
             f"ckpt={ckpt} is a task={name} model and cannot predict task_name={wanted}; pass "
             f"the run directory of an omnibert-finetune task={wanted} run (or drop task_name=)."
         )
-    squad_keys = [k for k in ("question", "context") if cfg.get(k) is not None]
-    text_keys = [k for k in ALIASES if cfg.get(k) is not None]
+    squad_keys = [k for k in ("question", "context") if cfg.given(k) is not None]
+    text_keys = [k for k in ALIASES if cfg.given(k) is not None]
     if _is_squad(data) and text_keys:
         raise FineTuneInputError(
             f"ckpt={ckpt} is a task={name} model: it answers question= over context=, not "
@@ -82,7 +83,7 @@ def check_task(cfg: Mapping[str, Any], data: Any, ckpt: str) -> None:
                 f"ckpt={ckpt} is a task={name} model: it classifies text=, not "
                 f"{'/'.join(squad_keys)}=; pass a SQuAD run (task=squad or squad_v2) for those."
             )
-        if cfg.get("text_pair") is not None and len(data.text_columns) == 1:
+        if cfg.text_pair is not None and len(data.text_columns) == 1:
             raise FineTuneInputError(
                 f"ckpt={ckpt} is a task={name} model, which reads one sentence: drop "
                 "text_pair= (or pass a run of a sentence-pair task)."
@@ -141,15 +142,15 @@ def _squad_dataset(rows: list[dict[str, Any]], from_file: bool) -> Inputs:
     return Inputs(datasets.Dataset.from_dict(columns), from_file, False)
 
 
-def _squad_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
-    file = cfg.get("input_file")
+def _squad_inputs(cfg: PredictConfig, data: Any) -> Inputs:
+    file = cfg.input_file
     if not file:
-        if not cfg.get("question") or not cfg.get("context"):
+        if not cfg.question or not cfg.context:
             raise FineTuneInputError(
                 'pass question="..." and context="..." (or input_file=<SQuAD JSON or JSON Lines>).'
             )
-        rows = [{"id": "question", "question": str(cfg["question"]),
-                 "context": str(cfg["context"])}]  # fmt: skip
+        rows = [{"id": "question", "question": str(cfg.question),
+                 "context": str(cfg.context)}]  # fmt: skip
         return _squad_dataset(rows, False)
     path = Path(str(file))
     if not path.is_file():
@@ -254,11 +255,11 @@ def _stdin_inputs(data: Any) -> Inputs:
     return Inputs(_text_dataset(data, texts), True, False)
 
 
-def _glue_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
+def _glue_inputs(cfg: PredictConfig, data: Any) -> Inputs:
     width = len(data.text_columns)
-    file = cfg.get("input_file")
+    file = cfg.input_file
     if not file:
-        given = [cfg.get(k) for k in ALIASES[:width]]
+        given = [cfg.given(k) for k in ALIASES[:width]]
         if any(g is None for g in given):
             need = ' text="..." text_pair="..."' if width == 2 else ' text="..."'
             raise FineTuneInputError(
@@ -314,23 +315,23 @@ def _parquet_inputs(path: Path, data: Any) -> Inputs:
     return Inputs(dataset, True, data.has_labels(dataset))
 
 
-def read_inputs(cfg: Mapping[str, Any], data: Any) -> Inputs:
+def read_inputs(cfg: PredictConfig, data: Any) -> Inputs:
     """The inputs to predict, from the command line or ``input_file``."""
-    given = [k for k in ("question", "context", *ALIASES) if cfg.get(k) is not None]
-    if cfg.get("input_file") and given:
+    given = [k for k in ("question", "context", *ALIASES) if cfg.given(k) is not None]
+    if cfg.input_file and given:
         raise FineTuneInputError(
             "pass either one input on the command line (question=/context= or text=/text_pair=) "
             "or input_file=, not both."
         )
     for key in given:
-        if not str(cfg[key]).strip():
+        if not str(cfg.given(key)).strip():
             raise FineTuneInputError(
                 f'{key}= is empty; put the text after the = ({key}="..." in the shell).'
             )
-    if cfg.get("input_file") == STDIN:
+    if cfg.input_file == STDIN:
         return _stdin_inputs(data)
-    file = Path(str(cfg.get("input_file") or ""))
-    if cfg.get("input_file") and file.suffix == ".parquet" and file.is_file():
+    file = Path(str(cfg.input_file or ""))
+    if cfg.input_file and file.suffix == ".parquet" and file.is_file():
         return _parquet_inputs(file, data)
     return _squad_inputs(cfg, data) if _is_squad(data) else _glue_inputs(cfg, data)
 
@@ -355,7 +356,7 @@ def predict_records(
     metrics). ``progress`` (None: for a file) shows the forward passes' progress over the
     features: a bar on a terminal, lines in a log."""
     from omnibert.logs import progress_bar
-    from omnibert.run.finetuning import predict_outputs
+    from omnibert.run.finetune_eval import predict_outputs
 
     dataset = inputs.dataset
     show = inputs.from_file if progress is None else progress

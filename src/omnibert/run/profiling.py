@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from lightning.pytorch.profilers import PyTorchProfiler
+
 from omnibert.run.plan import TrainConfigError
 
 __all__ = [
@@ -111,17 +114,16 @@ def profile_settings(value: Any) -> ProfileSettings | None:
 
 
 def profiler_activities(accelerator: str) -> list[Any]:
-    """``torch.profiler.ProfilerActivity`` values to record on ``accelerator`` (see module doc)."""
-    import torch
-    from torch.profiler import ProfilerActivity
-
-    activities = [ProfilerActivity.CPU]
+    """``torch.profiler.ProfilerActivity`` values to record on ``accelerator`` (see module doc;
+    read when called: the activities a torch has)."""
+    activity = torch.profiler.ProfilerActivity
+    activities = [activity.CPU]
     if accelerator == "gpu" and torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
+        activities.append(activity.CUDA)
     if accelerator == "hpu":
         import habana_frameworks.torch  # noqa: F401  (registers the HPU profiler backend)
 
-        hpu = getattr(ProfilerActivity, "HPU", None)  # compat: not in every torch
+        hpu = getattr(activity, "HPU", None)  # compat: not in every torch
         if hpu is None:
             raise TrainConfigError(
                 f"profile=true with accelerator=hpu traces ProfilerActivity.HPU, which torch "
@@ -143,8 +145,6 @@ def build_profiler(settings: ProfileSettings, dirpath: Path, accelerator: str) -
     the recorded window stays in the trace. The table lists every operator (Lightning cuts it
     at the 20 slowest, so which operators appeared depended on the machine's load).
     """
-    import torch
-    from lightning.pytorch.profilers import PyTorchProfiler
 
     class TrainingStepProfiler(PyTorchProfiler):
         STEP_FUNCTIONS = {"training_step"}  # noqa: RUF012 (Lightning's class attribute)
@@ -164,19 +164,19 @@ def build_profiler(settings: ProfileSettings, dirpath: Path, accelerator: str) -
     )
 
 
-def check_profile(c: Mapping[str, Any]) -> ProfileSettings | None:
-    """``profile`` of the resolved config ``c`` checked before any compute: its settings, or
+def check_profile(config: Any) -> ProfileSettings | None:
+    """``profile`` of the run's typed config checked before any compute: its settings, or
     ``None`` when off. Refuses a second profiler (``trainer.profiler``, e.g. ``debug=profile``)
     and ``compile_only=true`` (which trains nothing to profile)."""
-    settings = profile_settings(c.get("profile"))
+    settings = profile_settings(config.profile)
     if settings is None:
         return None
-    if c.get("trainer", {}).get("profiler") is not None:
+    if config.trainer.profiler is not None:
         raise TrainConfigError(
             "profile=true and trainer.profiler (debug=profile) both configure a profiler; "
             "use one of them."
         )
-    if c.get("compile_only"):
+    if config.compile_only:
         raise TrainConfigError(
             "compile_only=true runs no training steps to profile; drop profile=true (the "
             "compile-only report has the step time and memory)."

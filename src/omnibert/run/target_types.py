@@ -13,9 +13,10 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from omnibert.config.node import Node
 from omnibert.errors import UserError
 
 __all__ = ["TargetTypeError", "check_target_types"]
@@ -27,22 +28,24 @@ class TargetTypeError(UserError):
     """A key of a ``_target_`` node whose value is not of the type its target takes."""
 
 
-def check_target_types(config: Mapping[str, Any]) -> None:
-    """Raise :class:`TargetTypeError` for the first key of a ``_target_`` node of the
-    resolved ``config`` (a plain container) whose value its target's signature refuses."""
-    for path, node in _target_nodes(config, ""):
-        hints = _hints(str(node["_target_"]))
-        for key, value in node.items():
-            if key.startswith("_") or value is None or key not in hints:
-                continue
-            kinds = hints[key]
-            if not any(_accepts(kind, value) for kind in kinds):
-                expected = " or ".join(dict.fromkeys(_SCALARS[k] for k in kinds))
-                where = f"{path}.{key}" if path else key
-                raise TargetTypeError(
-                    f"{where}={value!r} is not {expected} ({node['_target_']} takes {key} as "
-                    f"{expected}); fix {where}."
-                )
+def check_target_types(nodes: Iterable[Node]) -> None:
+    """Raise :class:`TargetTypeError` for the first key of a ``_target_`` node (one of
+    ``nodes``, or one nested in them: a data source, a task's data) whose value its
+    target's signature refuses."""
+    for root in nodes:
+        for path, node in _target_nodes(root, root.path):
+            hints = _hints(str(node["_target_"]))
+            for key, value in node.items():
+                if key.startswith("_") or value is None or key not in hints:
+                    continue
+                kinds = hints[key]
+                if not any(_accepts(kind, value) for kind in kinds):
+                    expected = " or ".join(dict.fromkeys(_SCALARS[k] for k in kinds))
+                    where = f"{path}.{key}" if path else key
+                    raise TargetTypeError(
+                        f"{where}={value!r} is not {expected} ({node['_target_']} takes {key} "
+                        f"as {expected}); fix {where}."
+                    )
 
 
 def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:

@@ -21,9 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from hydra.utils import instantiate
 from torch import Tensor, nn
 
 from omnibert.models import BertConfig
@@ -32,13 +30,12 @@ from omnibert.models.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
 )
-from omnibert.optim.sharding import attach_shard_group
-from omnibert.tasks.pretraining import plain
+from omnibert.tasks.base import TrainingTask, plain
 
 __all__ = ["FineTuningTask", "QuestionAnsweringTask", "SequenceClassificationTask"]
 
 
-class FineTuningTask(pl.LightningModule):
+class FineTuningTask(TrainingTask):
     """What both fine-tuning tasks share: hparams, encoder loading, optimisation, losses.
 
     Args:
@@ -114,24 +111,6 @@ class FineTuningTask(pl.LightningModule):
                 sub = bert.get_submodule(module.removeprefix("bert."))
                 new += [f"{module}.{name}" for name, _ in sub.named_parameters()]
         return new
-
-    # ------------------------------------------------------------------ optimisation
-    def configure_optimizers(self) -> Any:
-        optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
-            self.model.named_parameters()
-        )
-        # FSDP1 (accelerator.strategy=fsdp): LAMB sums its norms over the shards' ranks
-        attach_shard_group(optimizer, self._trainer.model if self._trainer is not None else None)
-        if self.hparams["schedule"] is None:
-            return optimizer
-        total = self.hparams.get("total_steps") or int(self.trainer.max_steps)
-        scheduler = instantiate(self.hparams["schedule"], _convert_="all")(
-            optimizer, total_steps=total
-        )
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
 
     def _record(self, loss: Tensor) -> Tensor:
         self.train_losses.append(loss.detach().float())

@@ -32,20 +32,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
 
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
-from omnibert.models.config import architecture_diffs
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
-from omnibert.optim.sharding import attach_shard_group
+from omnibert.tasks.base import TrainingTask, plain
 
 log = logging.getLogger(__name__)
 
@@ -89,25 +86,6 @@ class LabelHistogram(Metric):
     def compute(self) -> Tensor:
         counts: Tensor = self.counts  # type: ignore[assignment]
         return counts.max() / counts.sum().clamp(min=1e-12)
-
-
-class InitFromError(UserError):
-    """``init_from`` names something that cannot initialise this model."""
-
-
-def plain(value: Any) -> Any:
-    """``value`` as plain Python containers (dicts, lists, scalars); OmegaConf nodes resolved."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(value, (DictConfig, ListConfig)):
-        value = OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -157,7 +135,7 @@ def _sha256(path: str | None) -> str | None:
     return sha256_file(path)
 
 
-class PretrainingTask(pl.LightningModule):
+class PretrainingTask(TrainingTask):
     """BERT pretraining (MLM + NSP) with LAMB/AdamW and a per-step LR schedule.
 
     Args:
@@ -168,10 +146,10 @@ class PretrainingTask(pl.LightningModule):
             ``total_steps``, stepped every optimiser step; ``None`` keeps the LR constant.
         total_steps: the run's optimiser steps (``phase.max_steps``): the schedule's length
             (``None``: the Trainer's ``max_steps``).
-        init_from: initial weights for a fresh run, applied by :meth:`load_initial_weights`:
-            a Hugging Face BERT directory, a Lightning ``.ckpt`` of an earlier phase, or the
-            prefix of a Google / MLPerf TensorFlow 1 checkpoint (weights only; the optimiser
-            and schedule start fresh).
+        init_from: where a fresh run's initial weights came from (recorded; the run loads
+            them: :mod:`omnibert.run.init_from`): a Hugging Face BERT directory, a Lightning
+            ``.ckpt`` of an earlier phase, or the prefix of a Google / MLPerf TensorFlow 1
+            checkpoint (weights only; the optimiser and schedule start fresh).
         init_bert_config: the Google ``bert_config.json`` of a TensorFlow 1 ``init_from``
             (``None``: the one next to the checkpoint).
         vocab_file: the vocab.txt the data was tokenised with, kept for exports as an
@@ -214,59 +192,8 @@ class PretrainingTask(pl.LightningModule):
             {"mlm": LabelHistogram(config.vocab_size), "nsp": LabelHistogram(2)}
         )
         self.clipper: MicroBatchClipper | None = None
-        self._shard_group: Any = None  # FSDP1's group when parameters are shards
         self.last_validation: dict[str, float] | None = None
         self._train_sums: Tensor | None = None
-
-    # ------------------------------------------------------------------ weights
-    def load_initial_weights(self) -> str | None:
-        """Apply ``init_from`` (fresh runs only; a resume takes the weights from its checkpoint).
-
-        Returns a one-line description of what was loaded, or ``None`` without ``init_from``.
-        """
-        source = self.hparams["init_from"]
-        if source is None:
-            return None
-        path = Path(source)
-        from omnibert.convert.tf1_bundle import is_tf1_checkpoint
-
-        if is_tf1_checkpoint(path):
-            from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
-
-            bert_config = resolve_bert_config(path, self.hparams.get("init_bert_config"))
-            pad = self.config.pad_vocab_size_multiple
-            self._check_compatible(read_bert_config(bert_config, pad_vocab_size_multiple=pad), path)
-            return load_tf1_into(self.model, path)
-        if path.is_dir():
-            from omnibert.convert.hf import init_from_hf
-
-            report = init_from_hf(self.model, path)
-            return f"Hugging Face weights from {path}: {report}"
-        if path.is_file():
-            from omnibert.convert.hf import TIED_KEYS, load_pretraining_checkpoint
-
-            config, state_dict, _ = load_pretraining_checkpoint(path)
-            self._check_compatible(config, path)
-            result = self.model.load_state_dict(state_dict, strict=False)
-            missing = [k for k in result.missing_keys if k not in TIED_KEYS]
-            if missing or result.unexpected_keys:  # pragma: no cover - checked by the loader
-                raise InitFromError(
-                    f"init_from={path} lacks {missing[:1]} / has extra "
-                    f"{result.unexpected_keys[:1]}; pass a checkpoint of this model."
-                )
-            return f"weights of {path} (fresh optimiser and schedule)"
-        raise InitFromError(
-            f"init_from={source} does not exist; point it at a Hugging Face BERT directory, "
-            "a .ckpt written by omnibert-train or a TensorFlow checkpoint prefix."
-        )
-
-    def _check_compatible(self, other: BertConfig, path: Path) -> None:
-        diffs = architecture_diffs(dataclasses.asdict(other), dataclasses.asdict(self.config))
-        if diffs:
-            raise InitFromError(
-                f"init_from={path} holds a different architecture: {', '.join(diffs)}; use the "
-                "same model config as the run that wrote it."
-            )
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
@@ -359,15 +286,7 @@ class PretrainingTask(pl.LightningModule):
         self.log_dict(metrics)
 
     # ------------------------------------------------------------------ optimisation
-    def configure_optimizers(self) -> Any:
-        if self.hparams["optimizer"] is None:
-            raise RuntimeError("this PretrainingTask was built without an optimizer: it evaluates")
-        optimizer = instantiate(self.hparams["optimizer"], _convert_="all")(
-            self.model.named_parameters()
-        )
-        # FSDP1 (accelerator.strategy=fsdp): LAMB sums its norms over the shards' ranks
-        wrapped = self._trainer.model if self._trainer is not None else None
-        self._shard_group = attach_shard_group(optimizer, wrapped)
+    def configured_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         clip = self.hparams["clip_grad_per_micro_batch"]
         if clip is not None and self._shard_group is not None:
             raise UserError(
@@ -381,18 +300,6 @@ class PretrainingTask(pl.LightningModule):
                 float(clip),
                 grads_prescaled_by=self.trainer.accumulate_grad_batches,
             )
-        if self.hparams["schedule"] is None:
-            return optimizer
-        total = self.hparams.get("total_steps")
-        if total is None:
-            total = int(self.trainer.max_steps)
-        scheduler = instantiate(self.hparams["schedule"], _convert_="all")(
-            optimizer, total_steps=total
-        )
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

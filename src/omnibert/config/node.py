@@ -1,0 +1,135 @@
+"""Resolving a composed config once, and the ``_target_`` nodes it holds.
+
+:func:`resolve` turns Hydra's composed ``DictConfig`` into plain containers with every
+interpolation resolved (a missing key or one that does not resolve is one sentence);
+:class:`Node` keeps a ``_target_`` node (accelerator, data, optimizer, trainer, ...) as those
+plain values, read-only, and :meth:`Node.build` is where every configured object is
+instantiated: a :class:`~omnibert.errors.UserError` raised by its constructor reaches the
+user as it is (Hydra wraps every exception in ``InstantiationException``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+
+from omnibert.errors import UserError
+
+__all__ = ["Node", "build", "resolve"]
+
+
+def resolve(
+    cfg: DictConfig,
+    example: str,
+    error: type[UserError],
+    *,
+    missing_first: bool = True,
+) -> dict[str, Any]:
+    """``cfg`` as plain containers with interpolations resolved. A missing key (``???``)
+    is named with ``example`` (a full command) when ``missing_first``, else reported with
+    the other problems as "the config does not resolve: ...; ``example``."."""
+    try:
+        if missing_first:
+            missing = sorted(OmegaConf.missing_keys(cfg))
+            if missing:
+                raise error(f"{', '.join(missing)} must be set, {example}.")
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as err:
+        if not missing_first:
+            raise error(_does_not_resolve(err) + f"; {example}.") from err
+        raise error(_interpolation_message(cfg, err)) from err
+    except OmegaConfBaseException as err:
+        if not missing_first:
+            raise error(_does_not_resolve(err) + f"; {example}.") from err
+        raise error(_does_not_resolve(err)) from err
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}
+
+
+def _does_not_resolve(err: Exception) -> str:
+    return f"the config does not resolve: {err}".splitlines()[0]
+
+
+def _interpolation_message(cfg: DictConfig, err: InterpolationKeyError) -> str:
+    key = str(err.full_key or "")
+    text = str(err).splitlines()[0]
+    if key == "optimizer.lr" and "phase.lr." in text:
+        family = text.split("phase.lr.")[1].split("'")[0]
+        tuned = ", ".join(OmegaConf.select(cfg, "phase.lr", default={}) or {}) or "none"
+        return (
+            f"the optimizer takes its learning rate from phase.lr.{family}, which "
+            f"phase={OmegaConf.select(cfg, 'phase.name')} does not set (it has LRs for "
+            f"{tuned}); set optimizer.lr=<value> or +phase.lr.{family}=<value>."
+        )
+    return f"{key or 'the config'} does not resolve: {text}"
+
+
+def build(spec: Any, *args: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate(spec, *args, **kwargs)`` for a ``_target_`` mapping; a
+    :class:`UserError` raised by the target is re-raised as it is."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(spec, *args, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise
+
+
+class Node(Mapping[str, Any]):
+    """A ``_target_`` node of the run's config: its resolved values, read-only, and
+    ``path``, the key it sits under (``optimizer``, ``callbacks.checkpoint``, ...)."""
+
+    __slots__ = ("_values", "path")
+
+    def __init__(self, values: Mapping[str, Any], path: str) -> None:
+        self._values = copy.deepcopy(dict(values))
+        self.path = path
+
+    def __getitem__(self, key: str) -> Any:
+        return copy.deepcopy(self._values[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Node({self.path}: {self._values!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and other._values == self._values
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def target(self) -> str | None:
+        """The ``_target_`` it builds."""
+        value = self._values.get("_target_")
+        return None if value is None else str(value)
+
+    def plain(self) -> dict[str, Any]:
+        """A copy as plain containers (what a checkpoint's hyper-parameters keep)."""
+        return copy.deepcopy(self._values)
+
+    def build(self, *args: Any, **kwargs: Any) -> Any:
+        """The configured object (:func:`build` of a copy: building never changes the node)."""
+        return build(self.plain(), *args, **kwargs)
+
+
+def node_or_none(values: Any, path: str) -> Node | None:
+    """A :class:`Node` of ``values``, or None where the config has none (``schedule: null``)."""
+    return None if values is None else Node(values, path)
+
+
+def nodes(values: Mapping[str, Any] | None, path: str) -> tuple[Node, ...]:
+    """The non-null entries of a group of nodes (``callbacks``, ``logger``), in order."""
+    return tuple(Node(v, f"{path}.{k}") for k, v in (values or {}).items() if v is not None)

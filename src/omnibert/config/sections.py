@@ -1,0 +1,219 @@
+"""The sections every run's typed config is made of, each checking its own ranges.
+
+Built once from the resolved config (:mod:`omnibert.config.train`,
+:mod:`omnibert.config.finetune`); frozen afterwards. A value outside its range is one
+:class:`ConfigError` sentence naming the key and the fix. The types were checked when Hydra
+composed the config (:mod:`omnibert.schema`); these classes read the resolved values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnibert.config.node import Node
+from omnibert.errors import UserError
+from omnibert.models.config import BertConfig
+
+__all__ = [
+    "Accelerator",
+    "ConfigError",
+    "MLPerf",
+    "Model",
+    "Paths",
+    "Phase",
+    "Trainer",
+    "at_least",
+    "positive_int",
+]
+
+
+class ConfigError(UserError):
+    """A config value outside its range; the message names the key and the fix."""
+
+
+def at_least(key: str, value: Any, low: int | float) -> None:
+    """``value`` (unless None) must be at least ``low``."""
+    if value is not None and value < low:
+        raise ConfigError(f"{key}={value!r} must be at least {low}; fix {key}.")
+
+
+def positive_int(value: Any) -> bool:
+    """An int (not a bool) of at least 1."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True)
+class Paths:
+    """``paths``: where a run writes (``conf/paths/default.yaml``)."""
+
+    output_root: str
+    run_dir: str
+    checkpoint_dir: str
+    log_dir: str | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Paths:
+        return cls(
+            str(values["output_root"]),
+            str(values["run_dir"]),
+            str(values["checkpoint_dir"]),
+            None if values.get("log_dir") is None else str(values["log_dir"]),
+        )
+
+    def writable_keys(self) -> dict[str, str]:
+        """``paths.<key>`` -> directory, for the directories a pretraining run writes."""
+        named = {"output_root": self.output_root, "checkpoint_dir": self.checkpoint_dir}
+        if self.log_dir is not None:
+            named["log_dir"] = self.log_dir
+        return {f"paths.{k}": v for k, v in named.items()}
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """``accelerator``: the plugin node and the device counts the plan divides by."""
+
+    node: Node
+    devices: int
+    num_nodes: int
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Accelerator:
+        return cls(Node(values, "accelerator"), int(values["devices"]), int(values["num_nodes"]))
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """``trainer``: Lightning's Trainer node and the keys the run reads from it."""
+
+    node: Node
+    precision: str
+    max_steps: Any
+    gradient_clip_val: float | None
+    enable_progress_bar: bool
+    log_every_n_steps: int | None
+    profiler: Any
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Trainer:
+        return cls(
+            Node(values, "trainer"),
+            str(values.get("precision")),
+            values.get("max_steps"),
+            values.get("gradient_clip_val"),
+            bool(values.get("enable_progress_bar", True)),
+            values.get("log_every_n_steps"),
+            values.get("profiler"),
+        )
+
+
+@dataclass(frozen=True)
+class Model:
+    """``model``: a name for run directories, optional initial weights (and the
+    ``bert_config.json`` of a TensorFlow 1 ``init_from``), the architecture's fields with
+    ``vocab_size`` open (None: the data's)."""
+
+    name: str | None
+    init_from: str | None
+    bert_config: str | None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Model:
+        init = values.get("init_from")
+        bert = values.get("bert_config")
+        return cls(
+            None if values.get("name") is None else str(values["name"]),
+            None if init is None else str(init),
+            None if bert is None else str(bert),
+            dict(values.get("config") or {}),
+        )
+
+    def bert(self, vocab_size: int) -> BertConfig:
+        """The architecture with the vocab size the run resolved."""
+        return BertConfig(**{**self.fields, "vocab_size": int(vocab_size)})
+
+    @property
+    def head_size(self) -> int:
+        return int(self.fields["hidden_size"]) // int(self.fields["num_attention_heads"])
+
+
+@dataclass(frozen=True)
+class Phase:
+    """``phase``: one training recipe (``conf/phase/phase1.yaml`` says what it owns)."""
+
+    name: str
+    max_seq_length: int
+    max_predictions_per_seq: int
+    global_batch_size: int
+    max_steps: int
+    lr: Mapping[str, float] = field(default_factory=dict)
+    warmup_proportion: float = 0.0
+    warmup_steps: int | None = None
+    init_from: str | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Phase:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def __post_init__(self) -> None:
+        at_least("phase.max_seq_length", self.max_seq_length, 5)
+        at_least("phase.max_predictions_per_seq", self.max_predictions_per_seq, 1)
+        at_least("phase.global_batch_size", self.global_batch_size, 1)
+        at_least("phase.max_steps", self.max_steps, 1)
+        at_least("phase.warmup_steps", self.warmup_steps, 0)
+        if not 0.0 <= self.warmup_proportion <= 1.0:
+            raise ConfigError(
+                f"phase.warmup_proportion={self.warmup_proportion} must lie in [0, 1]; fix it."
+            )
+        for name, lr in self.lr.items():
+            if lr <= 0:
+                raise ConfigError(f"phase.lr.{name}={lr} must be positive; fix phase.lr.{name}.")
+
+    @property
+    def warmup(self) -> int:
+        """Warmup steps: ``warmup_steps``, else ``warmup_proportion`` of ``max_steps``."""
+        if self.warmup_steps is not None:
+            return int(self.warmup_steps)
+        return round(float(self.warmup_proportion) * self.max_steps)
+
+
+@dataclass(frozen=True)
+class MLPerf:
+    """``mlperf`` (``conf/mlperf/bert.yaml`` documents each key)."""
+
+    target_accuracy: float
+    eval_every_samples: int | None
+    max_samples: int | None
+    log_file: str
+    submission: Mapping[str, str]
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any] | None) -> MLPerf | None:
+        if values is None:
+            return None
+        return cls(
+            float(values["target_accuracy"]),
+            values.get("eval_every_samples"),
+            values.get("max_samples"),
+            str(values["log_file"]),
+            dict(values["submission"]),
+        )
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_accuracy <= 1.0:
+            raise ConfigError(
+                f"mlperf.target_accuracy={self.target_accuracy} must lie in (0, 1]; fix it."
+            )
+        at_least("mlperf.eval_every_samples", self.eval_every_samples, 1)
+        at_least("mlperf.max_samples", self.max_samples, 1)
+        division = self.submission.get("division")
+        if division not in ("closed", "open"):
+            raise ConfigError(f"mlperf.submission.division={division!r} must be closed or open.")

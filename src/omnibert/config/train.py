@@ -1,0 +1,159 @@
+"""``omnibert-train``'s config, typed: built once from the composed config, frozen, every
+range checked beside its field; below the apps nothing reads the composed config again.
+
+    config = TrainConfig.of(cfg)   # one sentence naming the key on any problem
+    config.phase.max_steps, config.trainer.precision, config.optimizer.build(params), ...
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from omegaconf import DictConfig
+
+from omnibert.config.node import Node, node_or_none, nodes, resolve
+from omnibert.config.sections import (
+    Accelerator,
+    ConfigError,
+    MLPerf,
+    Model,
+    Paths,
+    Phase,
+    Trainer,
+    at_least,
+    positive_int,
+)
+from omnibert.errors import UserError
+
+__all__ = ["TrainConfig", "TrainConfigError"]
+
+EXAMPLE = "e.g. omnibert-train data.train_path=<dir> data.eval_path=<dir> (or experiment=demo)"
+
+
+class TrainConfigError(UserError):
+    """The training configuration cannot work; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One pretraining run (one phase), as ``conf/pretrain.yaml`` composes it."""
+
+    #: the whole resolved config, read-only: what loggers record and summaries show
+    raw: Mapping[str, Any]
+    paths: Paths
+    accelerator: Accelerator
+    model: Model
+    data: Node
+    task: Node
+    phase: Phase
+    optimizer: Node
+    schedule: Node | None
+    trainer: Trainer
+    loggers: tuple[Node, ...]
+    callbacks: tuple[Node, ...]
+    run_name: str
+    seed: int
+    micro_batch_size: int | None
+    eval_micro_batch_size: int | None
+    memory_fraction: float
+    ckpt_path: str | None
+    val_every_n_steps: int | None
+    steps_per_epoch: int | None
+    clip_grad_per_micro_batch: Any
+    compile_only: bool
+    profile: Any
+    mlperf: MLPerf | None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> TrainConfig:
+        """Resolve ``cfg`` (a missing key or an interpolation that does not resolve is one
+        sentence) and check every range."""
+        c = resolve(cfg, EXAMPLE, TrainConfigError)
+        task = c.get("task") or {}
+        phase = Phase.of(c["phase"])
+        mlperf = MLPerf.of(c.get("mlperf"))
+        config = cls(
+            raw=MappingProxyType(c),
+            paths=Paths.of(c["paths"]),
+            accelerator=Accelerator.of(c["accelerator"]),
+            model=Model.of(c["model"]),
+            data=Node(c["data"], "data"),
+            task=Node(task, "task"),
+            phase=phase,
+            optimizer=Node(c["optimizer"], "optimizer"),
+            schedule=node_or_none(c.get("schedule"), "schedule"),
+            trainer=Trainer.of(c["trainer"]),
+            loggers=nodes(c.get("logger"), "logger"),
+            callbacks=nodes(c.get("callbacks"), "callbacks"),
+            run_name=str(c["run_name"]),
+            seed=int(c["seed"]),
+            micro_batch_size=c.get("micro_batch_size"),
+            eval_micro_batch_size=c.get("eval_micro_batch_size"),
+            memory_fraction=float(c.get("memory_fraction", 0.8)),
+            ckpt_path=None if c.get("ckpt_path") is None else str(c["ckpt_path"]),
+            val_every_n_steps=c.get("val_every_n_steps"),
+            steps_per_epoch=c.get("steps_per_epoch"),
+            clip_grad_per_micro_batch=c.get("clip_grad_per_micro_batch", "auto"),
+            compile_only=bool(c.get("compile_only")),
+            profile=c.get("profile", False),
+            mlperf=mlperf,
+        )
+        if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks
+            raise TrainConfigError(
+                f"task={task.get('name')} is a fine-tuning task; run omnibert-finetune "
+                f"task={task.get('name')} (omnibert-train pretrains: task=pretraining)."
+            )
+        return config
+
+    def __post_init__(self) -> None:
+        for key in ("micro_batch_size", "eval_micro_batch_size", "val_every_n_steps"):
+            at_least(key, getattr(self, key), 1)
+        at_least("steps_per_epoch", self.steps_per_epoch, 1)
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ConfigError(
+                f"memory_fraction={self.memory_fraction} must lie in (0, 1]; fix memory_fraction."
+            )
+        if not positive_int(self.trainer.max_steps):
+            raise TrainConfigError(
+                f"phase.max_steps={self.trainer.max_steps!r} must be a positive integer."
+            )
+
+    def starting_from(
+        self, init_from: str | None, ckpt_path: str | None = None, *, model_init: bool = True
+    ) -> TrainConfig:
+        """This run started from other weights: ``phase.init_from=init_from`` (and
+        ``model.init_from`` kept or, ``model_init=False``, cleared), resumed from
+        ``ckpt_path``. What a later phase of a multi-phase run is given (run/phases.py)."""
+        raw = copy.deepcopy(dict(self.raw))
+        raw["phase"]["init_from"] = init_from
+        raw["ckpt_path"] = ckpt_path
+        model = self.model
+        if not model_init:
+            raw["model"]["init_from"] = None
+            model = dataclasses.replace(model, init_from=None)
+        return dataclasses.replace(
+            self,
+            raw=MappingProxyType(raw),
+            phase=dataclasses.replace(self.phase, init_from=init_from),
+            model=model,
+            ckpt_path=ckpt_path,
+        )
+
+    @property
+    def max_steps(self) -> int:
+        """The run's optimiser steps (``trainer.max_steps``, ``phase.max_steps`` by default)."""
+        return int(self.trainer.max_steps)
+
+    def target_nodes(self) -> Iterator[Node]:
+        """Every ``_target_`` node of the run, for checks of what they build."""
+        yield from (self.accelerator.node, self.data, self.task, self.optimizer)
+        if self.schedule is not None:
+            yield self.schedule
+        yield self.trainer.node
+        yield from self.loggers
+        yield from self.callbacks

@@ -1,0 +1,147 @@
+"""A run's checkpoints, before and after training: which one to resume (``ckpt_path``: a
+file, ``last``, or what a requeued job was asked to resume), whether it fits the run (the
+same model, the same batches), the half-written temporaries of a killed writer, a finished
+fine-tuning run that a new one would overwrite, and the requeue file a finished run removes.
+
+Checkpoints are read lazily (``torch.load(mmap=True, weights_only=True)`` where torch has
+``mmap``; :func:`omnibert.compat.load_checkpoint`): only the hyper-parameters and the loop
+state are looked at. The atomic writes themselves are
+:class:`~omnibert.callbacks.AtomicCheckpointIO`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omnibert.callbacks.checkpoint_io import stale_temporary_files
+from omnibert.callbacks.requeue import RESUME_FILE
+from omnibert.ckpt_files import unreadable_checkpoint
+from omnibert.compat import load_checkpoint
+from omnibert.config import TrainConfigError
+from omnibert.errors import UserError
+from omnibert.models.config import RUNTIME_FIELDS
+
+__all__ = [
+    "RESUME_FILE",
+    "check_resume_position",
+    "check_resume_target",
+    "finished",
+    "refuse_a_finished_run",
+    "remove_stale_temporaries",
+    "resolve_ckpt_path",
+    "saved_sampler_state",
+]
+
+
+def resolve_ckpt_path(
+    ckpt_path: Any,
+    checkpoint_dir: str | os.PathLike[str],
+    error: type[UserError] = TrainConfigError,
+) -> str | None:
+    """``null`` → fresh run (refused over an earlier run's checkpoints), or the checkpoint a
+    run stopped at its time limit asked to be resumed from (``resume.json``, written by
+    :class:`~omnibert.callbacks.requeue.CheckpointOnSignal`: what a requeued job finds);
+    ``last`` → ``<checkpoint_dir>/last.ckpt``; otherwise an existing file."""
+    folder = Path(checkpoint_dir)
+    if ckpt_path is None and (folder / RESUME_FILE).is_file() and (folder / "last.ckpt").is_file():
+        ckpt_path = "last"
+    if ckpt_path is None:
+        existing = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
+        if existing:
+            raise error(
+                f"{folder} already holds {len(existing)} checkpoint(s) of an earlier run "
+                f"(e.g. {existing[-1].name}); resume it with ckpt_path=last, or start a new "
+                "run under another run_name."
+            )
+        return None
+    if ckpt_path == "last":
+        last = folder / "last.ckpt"
+        if not last.is_file():
+            raise error(
+                f"ckpt_path=last but there is no last.ckpt in {folder}; run without ckpt_path "
+                "to start fresh, or pass ckpt_path=<file.ckpt>."
+            )
+        return str(last)
+    path = Path(str(ckpt_path))
+    if not path.is_file():
+        raise error(
+            f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt file or ckpt_path=last."
+        )
+    return str(path)
+
+
+def refuse_a_finished_run(checkpoint_dir: Path, ckpt_path: Any, error: type[UserError]) -> None:
+    """A fine-tuning run directory that holds ``final.ckpt`` is finished: a fresh run there
+    would overwrite it."""
+    if ckpt_path is None and (checkpoint_dir / "final.ckpt").is_file():
+        raise error(
+            f"{checkpoint_dir} already holds final.ckpt, a finished fine-tuning run; choose "
+            "another run_name (or seed, or paths.output_root) to keep it, or delete it."
+        )
+
+
+def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
+    """The checkpoint to resume must hold the same model (read lazily with ``mmap``)."""
+    try:
+        saved = load_checkpoint(ckpt, mmap=True)
+    except Exception as err:
+        raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
+    theirs = (saved.get("hyper_parameters") or {}).get("model_config") or {}
+    diffs = [
+        f"{k}={theirs.get(k)!r} (now {v!r})"
+        for k, v in model_config.items()
+        if theirs.get(k) != v and k not in RUNTIME_FIELDS  # e.g. attention: any backend resumes
+    ]
+    if diffs:
+        raise TrainConfigError(
+            f"ckpt_path={ckpt} was written for another model ({', '.join(diffs)}); resume with "
+            "the model config of that run or start a new run_name."
+        )
+
+
+def saved_sampler_state(ckpt: str) -> dict[str, Any] | None:
+    """The training sampler's saved position in a Lightning checkpoint (read lazily), as
+    torchdata's ``StatefulDataLoader`` (with or without workers) or
+    :class:`~omnibert.data.loaders.SamplerStateDataLoader` stored it; ``None`` when the
+    checkpoint holds no loader state (Lightning restores nothing then)."""
+    try:
+        saved = load_checkpoint(ckpt, mmap=True)
+        loaders = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    except (KeyError, TypeError):
+        return None
+    except Exception as err:
+        raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
+    if not loaders or not isinstance(loaders[0], Mapping):
+        return None
+    state = loaders[0]
+    main = state.get("_snapshot", {}).get("_main_snapshot", state)
+    sampler = main.get("_index_sampler_state")
+    return dict(sampler) if isinstance(sampler, Mapping) else None
+
+
+def check_resume_position(ckpt: str, sampler: Any) -> None:
+    """The checkpoint's sampler position must belong to ``sampler`` (the training sampler
+    this run will build): a resume with another batch size, data or seed raises the
+    sampler's :class:`~omnibert.data.samplers.SamplerStateError` here, before the Trainer
+    starts (inside ``trainer.fit`` Lightning's teardown hides it behind its own error)."""
+    state = saved_sampler_state(ckpt)
+    if state is not None:
+        sampler.load_state_dict(state)
+
+
+def remove_stale_temporaries(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
+    """Delete half-written checkpoint temporaries of killed writers (never a real checkpoint)."""
+    removed = []
+    for path in stale_temporary_files(checkpoint_dir):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
+def finished(checkpoint_dir: str | os.PathLike[str]) -> None:
+    """A run that finished has nothing left to resume after a time limit: its requeue file
+    goes (rank 0 calls it)."""
+    (Path(checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)

@@ -1,0 +1,321 @@
+"""``omnibert-train``'s run on the shared pipeline (:mod:`omnibert.run.pipeline`), used by
+the app and by every test that builds a run.
+
+:func:`prepare`: the typed config (ranges checked) → the accelerator plugin (SDK checked) and
+the SLURM layout → the data and the batch plan (:mod:`omnibert.run.batches`) → everything
+else derived and checked once (vocab size, resume target, initial weights, optimiser and
+schedule, clipping, attention, kernels, profiling); no compute yet. :func:`build`: the task
+(``task``'s ``_target_``) with its initial weights, callbacks, loggers and the Trainer.
+:func:`fit`: trains, validates on the whole eval set and returns the summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from omnibert.accelerators import build_plugin
+from omnibert.callbacks import PretrainingThroughput
+from omnibert.callbacks.mlperf import (
+    MLPerfCompliance,
+    eval_interval_samples,
+    mlperf_hyperparameters,
+)
+from omnibert.compat import seed_everything
+from omnibert.config import TrainConfig
+from omnibert.models.attention import plan_attention
+from omnibert.paths import check_writable_dir
+from omnibert.run.batches import check_enough_data, data_and_batches
+from omnibert.run.checkpoints import (
+    check_resume_position,
+    check_resume_target,
+    remove_stale_temporaries,
+    resolve_ckpt_path,
+)
+from omnibert.run.checks import check_optimizer, describe_clipping, resolve_clipping
+from omnibert.run.init_from import plan_pretraining_init
+from omnibert.run.kernels import kernel_choices
+from omnibert.run.pipeline import (
+    Prepared,
+    Run,
+    build_callbacks,
+    build_loggers,
+    build_trainer,
+    fit_safely,
+    quiet_third_party_deprecations,
+)
+from omnibert.run.plan import BatchPlan, TrainConfigError, TrainPlan
+from omnibert.run.profiling import check_profile, profiler_for_run
+from omnibert.run.slurm import check_slurm_layout
+from omnibert.run.target_types import check_target_types
+
+__all__ = [
+    "build",
+    "build_task",
+    "check_data",
+    "check_enough_data",
+    "facts",
+    "fit",
+    "majority_baselines",
+    "plan_run",
+    "prepare",
+    "typed",
+]
+
+log = logging.getLogger("omnibert.train")
+
+
+def typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """The run's typed config (the app builds it; tests may pass the composed config)."""
+    return cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
+
+
+def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
+    """Derive and check everything before compute (module docstring); builds no model."""
+    quiet_third_party_deprecations()
+    config = typed(cfg)
+    check_target_types(config.target_nodes())  # trainer.max_epochs=abc: before anything builds
+    for key, path in config.paths.writable_keys().items():  # before any data is read
+        check_writable_dir(path, key)
+    plugin = build_plugin(config.accelerator.node.plain())
+    environment = plugin.environment()
+    check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    plugin.check_optimizer(config.optimizer)  # an optimiser this backend cannot run
+    precision, why = plugin.resolve_precision(config.trainer.precision)
+    plugin.check_precision(precision)
+    clip = resolve_clipping(config.clip_grad_per_micro_batch, config.optimizer)
+    batch, datamodule, choice = data_and_batches(config, plugin.device, precision, clip)
+    threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    plan = plan_run(config, datamodule, batch, precision, clip)
+    plugin.check_accumulation(plan.batch.accumulate_grad_batches)
+    attention = plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
+        str(config.model.fields.get("attention", "auto")),
+        {"gpu": "cuda"}.get(plugin.name, plugin.name),
+        float(config.model.fields["attention_probs_dropout_prob"]),
+        config.phase.max_seq_length,
+        config.model.head_size,
+    )
+    kernels = kernel_choices(plugin, plan.model.to_dict(), config.optimizer, precision, why)
+    kernels["attention"] = attention  # the backend the model runs (models.attention)
+    plan = dataclasses.replace(
+        plan, micro_batch_choice=choice.reason, threads=threads, attention=attention,
+        kernels=kernels,
+    )  # fmt: skip
+    if plan.ckpt_path is not None and plugin.samples_as_planned:
+        sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
+        check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
+    return Prepared(
+        config, plugin, environment, plan, datamodule, plan.init, profile=check_profile(config)
+    )
+
+
+def check_data(cfg: DictConfig | TrainConfig) -> None:
+    """The config resolves and its data fits it (shapes, batch arithmetic): what a later
+    phase of a multi-phase run checks before the first one trains."""
+    data_and_batches(typed(cfg))  # the memory of this machine's CPU: the data is what is checked
+
+
+def plan_run(
+    config: TrainConfig,
+    datamodule: Any,
+    batch: BatchPlan,
+    precision: str,
+    micro_clip: float | None,
+) -> TrainPlan:
+    """Everything derived from the typed config and the (checked) data; ``precision``:
+    ``trainer.precision`` resolved by the accelerator; ``micro_clip``: the resolved
+    ``clip_grad_per_micro_batch``."""
+    vocab_size = datamodule.vocab_size  # checked against model.config.vocab_size already
+    model = config.model.bert(vocab_size)
+    model_fields = dataclasses.asdict(model)
+    phase = config.phase
+    if phase.max_seq_length > model.max_position_embeddings:
+        raise TrainConfigError(
+            f"phase.max_seq_length={phase.max_seq_length} exceeds "
+            f"model.config.max_position_embeddings={model.max_position_embeddings}; shorten "
+            "the sequences or use a model with more positions."
+        )
+    checkpoint_dir = str(Path(config.paths.checkpoint_dir).resolve())
+    ckpt = resolve_ckpt_path(config.ckpt_path, checkpoint_dir)
+    init = None
+    if ckpt is not None:
+        check_resume_target(ckpt, model_fields)  # a resume takes its weights from it
+    else:
+        model_init, phase_init = config.model.init_from, phase.init_from
+        if model_init is not None and phase_init is not None:
+            raise TrainConfigError(
+                f"both model.init_from={model_init} and phase.init_from={phase_init} are set; "
+                "set the one you mean and the other to null."
+            )
+        init = plan_pretraining_init(
+            model_init if model_init is not None else phase_init,
+            config.model.bert_config,
+            model_fields,
+        )
+    check_optimizer(config.optimizer, config.schedule, config.max_steps)
+    if micro_clip is not None and precision.startswith("16"):
+        raise TrainConfigError(
+            f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
+            "loss-scaled gradients; use bf16-mixed or 32-true."
+        )
+    clipping = describe_clipping(micro_clip, config.optimizer, config.trainer.gradient_clip_val)
+    steps_per_epoch = datamodule.num_train_rows // batch.rows_per_step
+    if steps_per_epoch < 1:
+        fits = int(batch.global_batch_size * datamodule.num_train_rows / batch.rows_per_step)
+        raise TrainConfigError(
+            f"the training set has {datamodule.num_train_samples} sequences in "
+            f"{datamodule.num_train_rows} rows, fewer than one global batch of "
+            f"{batch.rows_per_step} rows (phase.global_batch_size={batch.global_batch_size}); "
+            f"set phase.global_batch_size to about {fits} or less, or use more data."
+        )
+    if config.steps_per_epoch is not None:
+        steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
+    every = config.val_every_n_steps
+    if datamodule.num_eval_samples == 0:
+        every = None
+    if config.mlperf is not None:
+        if datamodule.num_eval_samples == 0:
+            raise TrainConfigError(
+                "MLPerf mode (phase=mlperf) evaluates on the eval set; set data.eval_path."
+            )
+        every = None  # MLPerf evaluates at its own cadence (callbacks/mlperf.py)
+    acc = batch.accumulate_grad_batches
+    return TrainPlan(
+        batch=batch,
+        max_steps=config.max_steps,
+        steps_per_epoch=steps_per_epoch,
+        limit_train_batches=steps_per_epoch * acc,
+        val_every_n_steps=every,
+        val_check_interval=None if every is None else every * acc,
+        vocab_size=vocab_size,
+        init_from=None if init is None else init.path,
+        init_bert_config=None if init is None else init.bert_config,
+        ckpt_path=ckpt,
+        checkpoint_dir=checkpoint_dir,
+        clipping=clipping,
+        clip_grad_per_micro_batch=micro_clip,
+        precision=precision,
+        data=datamodule.describe(),
+        model=model,
+        init=init,
+    )
+
+
+def build_task(prepared: Prepared) -> tuple[Any, str | None]:
+    """The task (``task``'s ``_target_``) with what the run derived and its initial weights,
+    and a description of them (``None`` for random init or a resume)."""
+    config, plan = prepared.config, prepared.plan
+    task = config.task.build()(
+        model_config=plan.model.to_dict(),
+        optimizer=config.optimizer.plain(),
+        schedule=None if config.schedule is None else config.schedule.plain(),
+        total_steps=plan.max_steps,
+        init_from=plan.init_from,
+        init_bert_config=plan.init_bert_config,
+        vocab_file=prepared.datamodule.vocab_file,
+        clip_grad_per_micro_batch=plan.clip_grad_per_micro_batch,
+    )
+    loaded = prepared.init.load_into(task.model) if prepared.init is not None else None
+    return task, loaded
+
+
+def _mlperf_callback(prepared: Prepared, run_dir: Path) -> Any:
+    """MLPerf mode's cadence, stop-at-target and compliance log, or None when it is off."""
+    config, plan = prepared.config, prepared.plan
+    mlperf = config.mlperf
+    if mlperf is None:
+        return None
+    every = mlperf.eval_every_samples or eval_interval_samples(plan.batch.global_batch_size)
+    return MLPerfCompliance(
+        run_dir / mlperf.log_file,
+        target_accuracy=mlperf.target_accuracy,
+        eval_every_samples=every,
+        max_samples=mlperf.max_samples,
+        submission=dict(mlperf.submission),
+        hyperparameters=mlperf_hyperparameters(config, plan.batch.accumulate_grad_batches),
+        eval_samples=prepared.datamodule.num_eval_samples,
+    )
+
+
+def facts(prepared: Prepared) -> dict[str, Any]:
+    """What the loggers record as the run's hyper-parameters."""
+    return {
+        "config": dict(prepared.config.raw),
+        "plan": prepared.plan.to_dict(),
+        "environment": prepared.environment,
+    }
+
+
+def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
+    """The task (:func:`build_task`), callbacks, loggers and the Trainer."""
+    config, plugin, plan = prepared.config, prepared.plugin, prepared.plan
+    run_dir = output_dir if output_dir is not None else Path(config.paths.run_dir)
+    for name in remove_stale_temporaries(plan.checkpoint_dir):
+        log.warning("removed %s, a checkpoint a killed process had not finished writing", name)
+    seed_everything(config.seed, workers=False)
+    mlperf = _mlperf_callback(prepared, run_dir)  # logs init_start before the model
+    task, loaded = build_task(prepared)
+    callbacks = build_callbacks(config, plan.batch.sequences_per_step, [mlperf] if mlperf else [])
+    loggers = build_loggers(config.loggers, facts(prepared))
+    plugin.compile_model(task.model)
+    callbacks += plugin.callbacks()  # e.g. the CUDA graph step marker
+    # the plugin's view of the loop counts (IPU: device-side accumulation)
+    loop = plugin.loop_kwargs(
+        plan.batch.accumulate_grad_batches,
+        plan.limit_train_batches,
+        plan.val_check_interval,
+        plan.max_steps,
+    )
+    if loop["val_check_interval"] is None:
+        loop["val_check_interval"] = (loop["max_steps"] + 1) * loop["accumulate_grad_batches"]
+    if prepared.profile is not None:  # profile=true: torch.profiler traces in <output dir>
+        loop["profiler"] = profiler_for_run(prepared.profile, run_dir / "profile", plugin.name)
+    trainer = build_trainer(config, plugin, plan.precision, callbacks, loggers, **loop)
+    return Run(prepared, task, trainer, callbacks, loaded)
+
+
+def majority_baselines(validation: dict[str, float] | None) -> dict[str, float | None]:
+    """``mlm_majority_baseline`` / ``nsp_majority_baseline``: the accuracy of always
+    predicting the eval set's most frequent masked token / NSP label (what an accuracy is
+    to be compared with; None without validation)."""
+    val = validation or {}
+    return {
+        "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
+        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
+    }
+
+
+def fit(run: Run) -> dict[str, Any]:
+    """Train, validate on the whole eval set at the end, return the summary."""
+    prepared, task, trainer = run.prepared, run.task, run.trainer
+    plan = prepared.plan
+    last_ckpt = Path(plan.checkpoint_dir) / "last.ckpt"
+
+    def finished(step: int) -> str:
+        held = f" ({last_ckpt} holds it)" if last_ckpt.is_file() else ""
+        return f" after training finished at step {step}{held}"
+
+    def validate_at_the_end() -> None:
+        last = task.last_validation
+        if plan.data.get("eval_samples") and (last is None or last["step"] != trainer.global_step):
+            trainer.validate(task, datamodule=prepared.datamodule, verbose=False)
+
+    seconds = fit_safely(run, finished, validate_at_the_end)
+    throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
+    mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
+    return {
+        "run_name": prepared.config.run_name,
+        "steps": trainer.global_step,
+        "fit_seconds": round(seconds, 3),
+        "validation": task.last_validation,
+        **majority_baselines(task.last_validation),
+        "throughput": throughput.summary() if throughput is not None else {},
+        **({"mlperf": mlperf.summary()} if mlperf is not None else {}),
+        "checkpoint_dir": plan.checkpoint_dir,
+        "last_checkpoint": str(last_ckpt) if last_ckpt.is_file() else None,
+        "plan": plan.to_dict(),
+    }
