@@ -14,6 +14,8 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
@@ -71,9 +73,6 @@ def _interpolation_message(cfg: DictConfig, err: InterpolationKeyError) -> str:
 def build(spec: Any, *args: Any, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate(spec, *args, **kwargs)`` for a ``_target_`` mapping; a
     :class:`UserError` raised by the target is re-raised as it is."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
     try:
         return instantiate(spec, *args, **kwargs)
     except InstantiationException as err:

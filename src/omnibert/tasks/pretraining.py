@@ -43,6 +43,7 @@ from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
 from omnibert.tasks.base import TrainingTask, plain
+from omnibert.tokenization.vocab import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,6 @@ def restore_rng_states(states: Mapping[str, Any]) -> None:
 def _sha256(path: str | None) -> str | None:
     if path is None or not Path(path).is_file():
         return None
-    from omnibert.tokenization.vocab import sha256_file
-
     return sha256_file(path)
 
 
