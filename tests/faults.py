@@ -152,3 +152,37 @@ def damage_column(path: Any, name: str, value: int) -> None:
                     schema=schema,
                 )
             )
+
+
+class NanGradAt(pl.Callback):
+    """Make one gradient element NaN (``value``: or inf) in the optimiser steps ``steps``
+    (1-based, the ``global_step`` after them), just before the optimiser looks at the
+    gradients: a step that went numerically wrong, injected from outside the product."""
+
+    def __init__(self, steps: list[int], value: float = float("nan")) -> None:
+        super().__init__()
+        self.steps = {int(s) for s in steps}
+        self.value = float(value)
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if trainer.global_step + 1 in self.steps:
+            grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
+            grad.view(-1)[0] = self.value
+
+
+class EndFitAtStep(pl.Callback):
+    """End ``fit`` once optimiser step ``step`` is done (``Trainer.should_stop``), in-process:
+    the run's ``step-*.ckpt`` of that step is a checkpoint to resume an interrupted run from."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = int(step)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True

@@ -7,7 +7,9 @@ file and the fix. The apps catch :class:`UserError` alone (:func:`exit_on`): it 
 line on stderr and exit code 2; anything else is a bug and keeps its traceback. The same
 block handles SIGTERM and SIGINT (:mod:`omnibert.stopping`): a stopped run prints one line,
 ``<app>: stopped by SIGTERM at step 137; resume with ckpt_path=last``, and exits with 128 +
-the signal number.
+the signal number. A run that fails during compute for a reason the user can act on
+(:class:`RunFailed`: gradients that stay non-finite, ...) prints one line too, with its own
+exit code.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ class UserError(ValueError):
         super().__init__(_unwrap_worker_message(type(self), message), *args)
 
 
+class RunFailed(Exception):
+    """A run that cannot go on, for a reason the user can act on, found during compute: the
+    message is one sentence naming what happened, what is on disk and the fix; the app
+    exits with :attr:`exit_code` (documented in docs/faults.md) and no traceback."""
+
+    exit_code = 1
+
+
 def _unwrap_worker_message(cls: type, message: object) -> object:
     """The sentence of a :class:`UserError` that ``torch.utils.data`` re-raised from a
     loader worker as ``Caught <Error> in DataLoader worker process N.\nOriginal Traceback
@@ -49,7 +59,8 @@ def _unwrap_worker_message(cls: type, message: object) -> object:
 @contextmanager
 def exit_on(app: str) -> Iterator[None]:
     """Turn a :class:`UserError` raised inside the block into ``<app>: error: <message>`` on
-    stderr and exit code 2, and a stop by SIGTERM or SIGINT (handled inside the block) into
+    stderr and exit code 2, a :class:`RunFailed` into the same line and its own code, and a
+    stop by SIGTERM or SIGINT (handled inside the block) into
     ``<app>: stopped by ...`` and exit code 128 + the signal number."""
     with handle_stop_signals(app):
         try:
@@ -57,6 +68,9 @@ def exit_on(app: str) -> Iterator[None]:
         except UserError as err:
             print(f"{app}: error: {err}", file=sys.stderr)
             sys.exit(2)
+        except RunFailed as failed:
+            print(f"{app}: error: {failed}", file=sys.stderr, flush=True)
+            sys.exit(failed.exit_code)
         except Stopped as stop:
             print(f"{app}: {stop.message}", file=sys.stderr, flush=True)
             sys.exit(stop.exit_code)

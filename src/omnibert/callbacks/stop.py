@@ -21,13 +21,13 @@ SIGTERM at all (not under submitit, whose own handler stays).
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
 from omnibert import stopping
+from omnibert.callbacks.saving import save_now
 
 __all__ = ["SignalAtStepEnd", "StopAtSafePoint"]
 
@@ -105,18 +105,7 @@ class StopAtSafePoint(SignalAtStepEnd):
         signum = self.any_rank(trainer, pl_module, stopping.pending() or 0)
         if not signum:
             return
-        checkpointing: Any = trainer.checkpoint_callback
-        if checkpointing is not None and getattr(checkpointing, "save_last", False):
-            if getattr(checkpointing, "_last_global_step_saved", -1) != trainer.global_step:
-                candidates = checkpointing._monitor_candidates(trainer)
-                checkpointing._save_topk_checkpoint(trainer, candidates)
-                checkpointing._save_last_checkpoint(trainer, candidates)
-            self.checkpoint = checkpointing.last_model_path or None
-        elif checkpointing is not None:  # no last.ckpt of its own (fine-tuning: final.ckpt)
-            dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
-            path = Path(str(dirpath)) / "last.ckpt"
-            trainer.save_checkpoint(path)
-            checkpointing.last_model_path = self.checkpoint = str(path)
+        self.checkpoint = save_now(trainer)
         hint = self.hint
         if hint is None:
             hint = "resume with ckpt_path=last" if self.checkpoint else ""

@@ -88,9 +88,16 @@ class Accelerator:
         return self.devices * self.num_nodes
 
 
+#: what ``trainer.nonfinite`` may be (docs/faults.md#non-finite-losses-and-gradients)
+NONFINITE_POLICIES = ("skip", "stop")
+#: ``trainer`` keys that are omnibert's, not Lightning's: kept out of the Trainer's arguments
+OMNIBERT_TRAINER_KEYS = ("nonfinite", "nonfinite_max_consecutive")
+
+
 @dataclass(frozen=True)
 class Trainer:
-    """``trainer``: Lightning's Trainer node and the keys the run reads from it."""
+    """``trainer``: Lightning's Trainer node (without omnibert's own keys), the keys the run
+    reads from it, and the policy for steps whose gradients are not finite."""
 
     node: Node
     precision: str
@@ -99,17 +106,34 @@ class Trainer:
     enable_progress_bar: bool
     log_every_n_steps: int | None
     profiler: Any
+    nonfinite: str = "skip"
+    nonfinite_max_consecutive: int = 10
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(
+                f"trainer.nonfinite={self.nonfinite!r} is not one of {', '.join(NONFINITE_POLICIES)}; "
+                "fix trainer.nonfinite."
+            )
+        if not positive_int(self.nonfinite_max_consecutive):
+            raise ConfigError(
+                f"trainer.nonfinite_max_consecutive={self.nonfinite_max_consecutive!r} must be "
+                "an integer of at least 1; fix trainer.nonfinite_max_consecutive."
+            )
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Trainer:
+        lightning = {k: v for k, v in values.items() if k not in OMNIBERT_TRAINER_KEYS}
         return cls(
-            Node(values, "trainer"),
+            Node(lightning, "trainer"),
             str(values.get("precision")),
             values.get("max_steps"),
             values.get("gradient_clip_val"),
             bool(values.get("enable_progress_bar", True)),
             values.get("log_every_n_steps"),
             values.get("profiler"),
+            str(values.get("nonfinite", "skip")),
+            values.get("nonfinite_max_consecutive", 10),
         )
 
 

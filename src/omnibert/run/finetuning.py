@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from omnibert import stopping
 from omnibert.accelerators import build_plugin
+from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.data.finetuning import FineTuneDataModule
@@ -204,6 +205,7 @@ def fit(run: Run) -> dict[str, Any]:
     losses = task.losses()
     tenth = max(1, len(losses) // 10)
     final = Path(run.prepared.config.paths.checkpoint_dir) / "final.ckpt"
+    nonfinite = next(cb for cb in run.callbacks if isinstance(cb, NonFiniteSteps))
     return {
         "steps": trainer.global_step,
         "fit_seconds": round(seconds, 3),
@@ -211,6 +213,7 @@ def fit(run: Run) -> dict[str, Any]:
         "train_loss_last": sum(losses[-tenth:]) / tenth if losses else None,
         "new_keys": run.new_keys,
         "checkpoint": str(final) if final.is_file() else None,
+        **nonfinite.summary(),
     }
 
 

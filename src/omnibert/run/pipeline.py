@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ProgressBar
 
 from omnibert import stopping
 from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
+from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.callbacks.progress import select_progress
 from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
 from omnibert.callbacks.stop import StopAtSafePoint
@@ -92,11 +93,17 @@ def quiet_third_party_deprecations() -> None:
 
 def build_callbacks(config: Any, sequences_per_step: float, extra: Iterable[Any] = ()) -> list[Any]:
     """The configured callbacks, then what every run has: the batch counter, the safe stop
-    (SIGTERM / SIGINT: checkpoint this step, then stop), ``extra``, and under a submitit job
+    (SIGTERM / SIGINT: checkpoint this step, then stop), the non-finite step policy, ``extra``, and under a submitit job
     the checkpoint at its time limit (then a requeue). One way of showing progress: the bar
     on a terminal, step-counting lines in a log file (:mod:`omnibert.callbacks.progress`)."""
     callbacks = [node.build() for node in config.callbacks]
-    callbacks += [CompletedBatchProgress(), StopAtSafePoint(), *extra]
+    trainer = config.trainer
+    callbacks += [
+        CompletedBatchProgress(),
+        StopAtSafePoint(),
+        NonFiniteSteps(trainer.nonfinite, trainer.nonfinite_max_consecutive),
+        *extra,
+    ]
     if submitit_signal() is not None:
         callbacks.append(CheckpointOnSignal())
     if not config.trainer.enable_progress_bar:

@@ -25,6 +25,7 @@ from omnibert.callbacks.mlperf import (
     eval_interval_samples,
     mlperf_hyperparameters,
 )
+from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.models.attention import plan_attention
@@ -307,6 +308,7 @@ def fit(run: Run) -> dict[str, Any]:
     seconds = fit_safely(run, finished, validate_at_the_end)
     throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
     mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
+    nonfinite = next(cb for cb in run.callbacks if isinstance(cb, NonFiniteSteps))
     return {
         "run_name": prepared.config.run_name,
         "steps": trainer.global_step,
@@ -314,6 +316,7 @@ def fit(run: Run) -> dict[str, Any]:
         "validation": task.last_validation,
         **majority_baselines(task.last_validation),
         "throughput": throughput.summary() if throughput is not None else {},
+        **nonfinite.summary(),
         **({"mlperf": mlperf.summary()} if mlperf is not None else {}),
         "checkpoint_dir": plan.checkpoint_dir,
         "last_checkpoint": str(last_ckpt) if last_ckpt.is_file() else None,
