@@ -49,16 +49,19 @@ class NonFiniteSteps(pl.Callback):
         self.consecutive = 0
         self.steps: list[int] = []  # the steps skipped (the first 100)
         self._step = -1
+        self._scaled = False  # fp16's dynamic loss scaler may skip the optimiser's call
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._step = trainer.global_step
-        for optimizer in trainer.optimizers:
-            guard(optimizer)
+        self._scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+        for optimizer in trainer.optimizers:  # (an IPU's optimiser runs on the device: its
+            guard(optimizer)  # step is never called on the host and never skipped here)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        mark_pending(optimizer)  # stays set where fp16's loss scaler skips the step
+        if self._scaled:
+            mark_pending(optimizer)  # stays set where the loss scaler skips the call
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
