@@ -50,6 +50,7 @@ __all__ = [
     "ddp_strategy",
     "how_it_ended",
     "lost_rank",
+    "mpi_environment",
 ]
 
 #: what every lost-rank line ends with
@@ -194,12 +195,18 @@ class OpenMPIEnvironment(ClusterEnvironment):
         return self.global_rank() // int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
 
 
+def mpi_environment() -> OpenMPIEnvironment | None:
+    """:class:`OpenMPIEnvironment` under Open MPI's ``mpirun``, else None (Lightning finds
+    the others itself): for the strategies built elsewhere (FSDP, Gaudi's)."""
+    return OpenMPIEnvironment() if OpenMPIEnvironment.detect() else None
+
+
 def ddp_strategy(timeout_s: float, **kwargs: Any) -> DDPStrategy:
     """The DDP strategy of the module docstring, ``kwargs`` passed on. The ranks wait for
     each other at start for at least :data:`START_TIMEOUT_S` (one rank may still be loading
     and checking its data while another waits); each collective after that waits
     ``timeout_s``."""
-    env = OpenMPIEnvironment() if OpenMPIEnvironment.detect() else None
+    env = mpi_environment()
     return OmnibertDDPStrategy(
         timeout=timedelta(seconds=max(timeout_s, START_TIMEOUT_S)),
         collective_timeout=timedelta(seconds=timeout_s),

@@ -130,6 +130,7 @@ class GPUPlugin(AcceleratorPlugin):
     def _fsdp_strategy(self) -> Any:
         from lightning.pytorch.strategies import FSDPStrategy
 
+        from omnibert.accelerators.ddp import mpi_environment
         from omnibert.models.bert import BertLayer
 
         options = dict(self.fsdp)
@@ -139,6 +140,7 @@ class GPUPlugin(AcceleratorPlugin):
             activation_checkpointing_policy={BertLayer} if checkpointing else None,
             use_orig_params=True,
             timeout=timedelta(seconds=self.timeout_s),
+            cluster_environment=mpi_environment(),
             **options,
         )
 

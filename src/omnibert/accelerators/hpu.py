@@ -121,10 +121,13 @@ class HPUPlugin(AcceleratorPlugin):
         from lightning_habana.pytorch.plugins import HPUPrecisionPlugin
         from lightning_habana.pytorch.strategies import HPUParallelStrategy, SingleHPUStrategy
 
+        from omnibert.accelerators.ddp import mpi_environment
+
         if self.world_size > 1 or self.strategy in ("ddp", "hpu_parallel"):
             strategy: Any = HPUParallelStrategy(
                 parallel_devices=[torch.device("hpu")] * self.devices,
                 timeout=timedelta(seconds=self.timeout_s),
+                cluster_environment=mpi_environment(),
             )
         else:
             strategy = SingleHPUStrategy()

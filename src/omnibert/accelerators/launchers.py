@@ -30,9 +30,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omnibert.accelerators.base import AcceleratorError
+from omnibert.errors import UserError
 
-__all__ = ["Launch", "check_launch_layout", "detect_launcher"]
+__all__ = ["Launch", "LaunchError", "check_launch_layout", "detect_launcher"]
+
+
+class LaunchError(UserError):
+    """The processes a launcher started do not match the accelerator config."""
+
 
 TORCHRUN = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
 OPEN_MPI = (
@@ -110,7 +115,7 @@ def detect_launcher(
 def check_launch_layout(
     accelerator: str, devices: int, num_nodes: int, environ: Mapping[str, str] | None = None
 ) -> Launch:
-    """The launch (:func:`detect_launcher`); :class:`AcceleratorError` in one sentence when
+    """The launch (:func:`detect_launcher`); :class:`LaunchError` in one sentence when
     torchrun or mpirun started another number of processes than ``accelerator.devices`` per
     node × ``accelerator.num_nodes`` (Lightning would stop later, inside the Trainer, with a
     traceback, or hang). SLURM is checked by :mod:`omnibert.run.slurm`; an IPU run is one host
@@ -126,7 +131,7 @@ def check_launch_layout(
             if per_node == devices
             else f"{option} 1 per node (accelerator=ipu runs one host process)"
         )
-        raise AcceleratorError(
+        raise LaunchError(
             f"{launch.name} started {launch.local_world_size} processes on this node but "
             f"accelerator={accelerator} with accelerator.devices={devices} needs {per_node}; "
             f"set {fix} or start {per_node} per node."
@@ -134,7 +139,7 @@ def check_launch_layout(
     wanted = per_node * num_nodes
     if launch.world_size is not None and launch.world_size != wanted:
         nodes = launch.world_size // max(per_node, 1)
-        raise AcceleratorError(
+        raise LaunchError(
             f"{launch.name} started {launch.world_size} processes in all but "
             f"accelerator.devices={devices} × accelerator.num_nodes={num_nodes} needs {wanted}; "
             f"set accelerator.num_nodes={nodes} or start {wanted} processes."
