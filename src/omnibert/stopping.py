@@ -47,6 +47,7 @@ from typing import Any
 __all__ = [
     "SIGNALS",
     "Stopped",
+    "app_name",
     "at_safe_points",
     "check",
     "handle_stop_signals",
@@ -186,6 +187,12 @@ def at_safe_points(what: str = "the end of the current optimiser step") -> Itera
     finally:
         state.safe_points -= 1
         state.safe_point = outer_what
+
+
+def app_name() -> str:
+    """The app whose run this process is (``omnibert`` outside one): for lines printed from
+    other threads."""
+    return _STATE.app
 
 
 def pending() -> int | None:

@@ -78,10 +78,21 @@ class Accelerator:
     node: Node
     devices: int
     num_nodes: int
+    #: seconds a collective waits for the other ranks (the process-group timeout)
+    timeout_s: float = 300.0
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Accelerator:
-        return cls(Node(values, "accelerator"), int(values["devices"]), int(values["num_nodes"]))
+        timeout = values.get("timeout_s", 300)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(
+                f"accelerator.timeout_s={timeout!r} must be a positive number of seconds; "
+                "fix accelerator.timeout_s (e.g. 300)."
+            )
+        return cls(
+            Node(values, "accelerator"), int(values["devices"]), int(values["num_nodes"]),
+            float(timeout),
+        )  # fmt: skip
 
     @property
     def world_size(self) -> int:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from omnibert import stopping
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
@@ -105,6 +106,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
     config, recipe = inputs.config, inputs.recipe
     check_target_types(config.target_nodes())
     plugin = build_plugin(config.accelerator.node.plain())
+    check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     precision, why = plugin.resolve_precision(config.trainer.precision)
     plugin.check_precision(precision)
     if plugin.name == "ipu":

@@ -18,6 +18,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ProgressBar
 
 from omnibert import stopping
+from omnibert.accelerators.ddp import lost_rank
 from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
 from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.callbacks.progress import select_progress
@@ -152,12 +153,19 @@ def build_trainer(
     )
 
 
+def timeout_s(run: Run) -> float | None:
+    """The run's ``accelerator.timeout_s`` (None for a plugin without one)."""
+    return getattr(run.prepared.plugin, "timeout_s", None)
+
+
 def fit_safely(
     run: Run, finished_context: Callable[[int], str], after: Callable[[], None] | None = None
 ) -> float:
     """``trainer.fit`` from the plan's checkpoint, stopping at the end of an optimiser step
     on a signal; then (``after``: e.g. a final validation) the loggers are finished. The
-    requeue file of a finished run goes. Returns the seconds ``fit`` took."""
+    requeue file of a finished run goes. A collective that fails because another rank was
+    lost becomes :class:`~omnibert.errors.LostRank` (one line, no traceback). Returns the
+    seconds ``fit`` took."""
     prepared, trainer = run.prepared, run.trainer
     start = time.perf_counter()
     try:
@@ -171,6 +179,10 @@ def fit_safely(
             # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
             if isinstance(err.__context__, UserError):
                 raise err.__context__ from None
+            with stopping.at_safe_points():  # the launcher's SIGTERM to the survivors waits
+                lost = lost_rank(err, trainer.global_rank, trainer.world_size, timeout_s(run))
+            if lost is not None:  # a collective failed because another rank is gone
+                raise lost from None
             raise
         seconds = time.perf_counter() - start
         stopping.set_context(finished_context(trainer.global_step))

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks import PretrainingThroughput
 from omnibert.callbacks.mlperf import (
     MLPerfCompliance,
@@ -85,6 +86,7 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     plugin = build_plugin(config.accelerator.node.plain())
     environment = plugin.environment()
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(config.optimizer)  # an optimiser this backend cannot run
     precision, why = plugin.resolve_precision(config.trainer.precision)
     plugin.check_precision(precision)
