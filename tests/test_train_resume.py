@@ -92,7 +92,7 @@ def straight(tmp_path_factory, compose_config) -> dict:
             root,
             "run_name=straight",
             f"data.num_workers={workers}",
-            "callbacks.checkpoint.save_top_k=-1",
+            "callbacks.checkpoint.keep_last=null",
         )
         ckpts = root / "straight" / "checkpoints"
         runs[workers] = {

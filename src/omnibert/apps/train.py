@@ -70,6 +70,8 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
     )
     print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
     print(f"omnibert-train: {config.run_name}\n{prepared.plan.table()}", flush=True)
+    if prepared.plan.checkpoint_space.get("warning"):
+        print(f"omnibert-train: warning: {prepared.plan.checkpoint_space['warning']}", flush=True)
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())
