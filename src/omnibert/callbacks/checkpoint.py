@@ -99,6 +99,8 @@ class PretrainingCheckpoint(ModelCheckpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._reconcile()  # files removed since (a failed save, by hand) are not named
+        self._rank_again()  # the k-th best under this run's keep_last (Lightning keeps none
+        # until it has k files: with a lower keep_last than the saved run, a KeyError)
 
     def _save_topk_checkpoint(
         self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]

@@ -24,12 +24,11 @@ import re
 import signal
 import struct
 from collections.abc import Callable
-from typing import Any
 
 from omnibert.errors import RunFailed
 from omnibert.stopping import ignore_in_worker
 
-__all__ = ["LoaderWorkerDied", "init_worker", "worker_death"]
+__all__ = ["LoaderWorkerDied", "init_worker", "note_worker", "worker_death"]
 
 #: slots of (pid, worker index, loader) in :data:`_TABLE`, chosen by pid
 _SLOTS = 1024
@@ -69,8 +68,12 @@ def init_worker(loader: str) -> Callable[[int], None]:
 
 def _init(loader: int, worker_id: int) -> None:
     ignore_in_worker()
-    pid = os.getpid()
-    _SLOT.pack_into(_TABLE, (pid % _SLOTS) * _SLOT.size, pid, worker_id, loader)
+    note_worker(os.getpid(), worker_id, _LOADERS[loader])
+
+
+def note_worker(pid: int, index: int, loader: str) -> None:
+    """Note in the shared table that process ``pid`` is ``loader``'s worker ``index``."""
+    _SLOT.pack_into(_TABLE, (pid % _SLOTS) * _SLOT.size, pid, index, _LOADERS.index(loader))
 
 
 def _describe(pid: int) -> str:
@@ -89,24 +92,32 @@ def _signal_name(text: str) -> str | None:
 
 
 def worker_death(error: BaseException) -> str | None:
-    """The first part of the sentence for a loader worker's death that ``error`` (or an
-    exception it was raised from) reports, ``None`` when it reports none."""
+    """The first part of the sentence for a loader worker's death that ``error`` or an
+    exception it was raised from or while handling reports (the most telling one: torch's
+    "exited unexpectedly" is often raised from the ``SIGCHLD`` handler's "killed by signal"),
+    ``None`` when none does."""
+    texts: list[str] = []
     seen: set[int] = set()
-    current: Any = error
+    current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = str(current) if isinstance(current, RuntimeError) else ""
+        if isinstance(current, RuntimeError):
+            texts.append(str(current))
+        current = current.__cause__ or current.__context__
+    for text in texts:
         if found := _KILLED.search(text):
             name = _signal_name(found.group(2).strip()) or found.group(2).strip()
             cause = _CAUSES.get(name, "")
             return f"{_describe(int(found.group(1)))} was killed by {name}" + (
                 f": {cause}" if cause else ""
             )
+    for text in texts:
         if found := _EXITED.search(text):
             return (
                 f"{_describe(int(found.group(1)))} exited with exit code {found.group(2)}; run "
                 "again with data.num_workers=0 to see its error"
             )
+    for text in texts:
         if found := _VANISHED.search(text):
             pids = [int(p) for p in found.group(1).replace(" ", "").split(",") if p]
             who = ", ".join(_describe(p) for p in pids)
@@ -115,5 +126,4 @@ def worker_death(error: BaseException) -> str | None:
                 "dmesg or the job's memory limit); lower data.num_workers or the micro batch, "
                 "or raise the memory limit"
             )
-        current = current.__cause__ or current.__context__
     return None
