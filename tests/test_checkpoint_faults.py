@@ -195,10 +195,10 @@ def test_a_lower_keep_last_on_resume_prunes_down_to_it(tmp_path, compose_config)
         (["callbacks.checkpoint.on_write_error=retry"],
          "callbacks.checkpoint.on_write_error='retry' must be stop (end the run, exit code 74) or "
          "skip (warn and try again at the next interval); fix callbacks.checkpoint.on_write_error."),
-        (["+callbacks.checkpoint.save_top_k=5"],
-         "callbacks.checkpoint.save_top_k=5 disagrees with callbacks.checkpoint.keep_last=3, which "
-         "sets it; drop save_top_k and set callbacks.checkpoint.keep_last=5 (null keeps every step "
-         "checkpoint)."),
+        (["callbacks.checkpoint.keep_last=2", "callbacks.checkpoint.save_top_k=5"],
+         "callbacks.checkpoint.save_top_k=5 disagrees with callbacks.checkpoint.keep_last=2; "
+         "save_top_k is an older name of keep_last: drop it and set "
+         "callbacks.checkpoint.keep_last=5 (null keeps every step checkpoint)."),
     ],
 )  # fmt: skip
 def test_checkpoint_keys_are_checked(compose_config, overrides, message):
@@ -207,11 +207,16 @@ def test_checkpoint_keys_are_checked(compose_config, overrides, message):
     assert str(refused.value) == message
 
 
-def test_keep_last_sets_save_top_k_and_save_top_k_alone_is_an_alias(compose_config):
-    config = TrainConfig.of(
-        compose_config("experiment=smoke", "+callbacks.checkpoint.save_top_k=3")
-    )
-    assert config.checkpointing is not None and config.checkpointing.keep_last == 3
+def test_keep_last_sets_save_top_k_and_save_top_k_is_an_alias(compose_config):
+    def keep(*overrides: str) -> int | None:
+        config = TrainConfig.of(compose_config("experiment=smoke", *overrides))
+        assert config.checkpointing is not None
+        return config.checkpointing.keep_last
+
+    assert keep() == 3
+    assert keep("callbacks.checkpoint.keep_last=null") is None
+    assert keep("callbacks.checkpoint.save_top_k=-1") is None  # older command lines
+    assert keep("callbacks.checkpoint.save_top_k=5", "callbacks.checkpoint.keep_last=5") == 5
     assert PretrainingCheckpoint(keep_last=None).save_top_k == -1
     assert PretrainingCheckpoint(keep_last=0).save_top_k == 0
     assert PretrainingCheckpoint(save_top_k=-1).keep_last is None

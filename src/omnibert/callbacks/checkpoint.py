@@ -54,21 +54,19 @@ _BOOKKEEPING = (
 
 class PretrainingCheckpoint(ModelCheckpoint):
     """:class:`ModelCheckpoint` plus a save of the final training step, ``keep_last`` and
-    ``on_write_error`` (module docstring). ``keep_last`` left out: ``save_top_k`` if given,
-    else 3; without ``save_top_k`` the step is monitored (``monitor="step"``, ``mode="max"``)
-    unless ``monitor`` says otherwise."""
+    ``on_write_error`` (module docstring). ``save_top_k``, Lightning's name, is an alias of
+    ``keep_last`` (:class:`~omnibert.config.sections.Checkpointing`); without it the step is
+    monitored (``monitor="step"``, ``mode="max"``) unless ``monitor`` says otherwise."""
 
     def __init__(
         self, *args: Any, keep_last: Any = _UNSET, on_write_error: str = "stop", **kwargs: Any
     ) -> None:
-        given = dict(on_write_error=on_write_error, every_n_train_steps=None)
+        given = dict(on_write_error=on_write_error, save_top_k=kwargs.get("save_top_k"))
         if keep_last is not _UNSET:
             given["keep_last"] = keep_last
-        if "save_top_k" in kwargs:
-            given["save_top_k"] = kwargs["save_top_k"]
         settings = Checkpointing.of(given)
         assert settings is not None
-        if "save_top_k" not in kwargs:  # keep_last: the newest N by step
+        if kwargs.get("save_top_k") is None:  # keep_last: the newest N by step
             kwargs.setdefault("monitor", "step")
             kwargs.setdefault("mode", "max")
         kwargs["save_top_k"] = settings.save_top_k

@@ -78,8 +78,9 @@ class Checkpointing:
     kept besides ``last.ckpt`` (``keep_last``; null: every one), what a checkpoint that cannot
     be written does (``on_write_error``: ``stop`` the run, exit code 74, or ``skip`` it with a
     warning and try again at the next interval), and the interval. ``keep_last`` sets
-    Lightning's ``save_top_k`` (the newest N by step); a ``save_top_k`` of its own is accepted
-    alone (an alias) or equal, and refused when it disagrees."""
+    Lightning's ``save_top_k`` (the newest N by step); ``save_top_k`` set as well is an alias
+    (older command lines): it wins over ``keep_last``'s default and is refused when it
+    disagrees with another ``keep_last``."""
 
     keep_last: int | None = 3
     on_write_error: str = "stop"
@@ -97,23 +98,21 @@ class Checkpointing:
         every = values.get("every_n_train_steps")  # its type and range: ModelCheckpoint's
         top_k = values.get("save_top_k")  # its type is checked against ModelCheckpoint's
         top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else None
-        if "keep_last" not in values:  # a node of its own that sets save_top_k (or neither)
-            keep = cls.keep_last if top_k is None else (None if top_k < 0 else top_k)
-        else:
-            keep = values["keep_last"]
-            if keep is not None and (
-                not isinstance(keep, int) or isinstance(keep, bool) or keep < 0
-            ):
+        keep = values.get("keep_last", cls.keep_last)
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 0):
+            raise ConfigError(
+                f"{key}.keep_last={keep!r} must be a whole number of at least 0 (or null to "
+                f"keep every step checkpoint); fix {key}.keep_last."
+            )
+        if top_k is not None:  # Lightning's name, kept as an alias: it wins over the default
+            alias = None if top_k < 0 else top_k
+            if keep not in (cls.keep_last, alias):
                 raise ConfigError(
-                    f"{key}.keep_last={keep!r} must be a whole number of at least 0 (or null to "
-                    f"keep every step checkpoint); fix {key}.keep_last."
+                    f"{key}.save_top_k={top_k} disagrees with {key}.keep_last={keep}; "
+                    f"save_top_k is an older name of keep_last: drop it and set {key}.keep_last="
+                    f"{'null' if alias is None else alias} (null keeps every step checkpoint)."
                 )
-            if top_k is not None and top_k != (-1 if keep is None else keep):
-                raise ConfigError(
-                    f"{key}.save_top_k={top_k} disagrees with {key}.keep_last={keep}, which "
-                    f"sets it; drop save_top_k and set {key}.keep_last="
-                    f"{'null' if top_k < 0 else top_k} (null keeps every step checkpoint)."
-                )
+            keep = alias
         mode = values.get("on_write_error", cls.on_write_error)
         if mode not in cls.ON_WRITE_ERROR:
             raise ConfigError(
