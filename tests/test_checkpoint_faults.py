@@ -177,6 +177,20 @@ def test_the_final_save_failing_after_skipped_ones_ends_the_run(
     assert _files(tmp_path) == ["last.ckpt", "step-00000002.ckpt", "step-00000004.ckpt"]
 
 
+def test_a_run_of_phases_says_to_run_the_same_command(
+    tmp_path, monkeypatch, capsys, compose_config
+):
+    """A run of several phases refuses ckpt_path (each phase resumes by itself): the line
+    says so."""
+    FailingCheckpointWrites(("step-00000004",)).install(monkeypatch)
+    with pytest.raises(SystemExit) as stopped:
+        run_or_exit(compose_config("experiment=smoke_two_phase", root=tmp_path), None)
+    assert stopped.value.code == 74
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith("and resume with the same command (no ckpt_path)"), line
+    assert "smoke-phase1/checkpoints/last.ckpt (step 2) is intact" in line, line
+
+
 def test_a_lower_keep_last_on_resume_prunes_down_to_it(tmp_path, compose_config):
     every_step = "callbacks.checkpoint.every_n_train_steps=1"
     _run(compose_config, tmp_path, every_step, "phase.max_steps=4")
