@@ -1,5 +1,6 @@
 """Test helpers: fault injection: a real ``SIGKILL`` right after a checkpoint is on disk, a
-step that waits once a stop was asked for, damaged shards and checkpoints."""
+step that waits once a stop was asked for, a run held at a step until the test lets it go on,
+checkpoint writes that fail, damaged shards and checkpoints."""
 
 from __future__ import annotations
 
@@ -134,6 +135,111 @@ class SlowUntilResumed(pl.Callback):
             import time
 
             time.sleep(self.seconds)
+
+
+class PauseAt(pl.Callback):
+    """Hold the run at the start of the first micro-batch after each optimiser step in
+    ``steps`` (that step's checkpoint, when one is due, is on disk then): print ``PauseAt:
+    paused at step <s>`` and wait until the file ``<folder>/go-<s>`` exists (at most
+    ``seconds``). A test changes the world under the run (a file size limit, a dead worker)
+    at a known point, then lets it go on."""
+
+    def __init__(self, steps: list[int], folder: str, seconds: float = 600.0) -> None:
+        super().__init__()
+        self.steps = set(steps)
+        self.folder = folder
+        self.seconds = seconds
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        import time
+        from pathlib import Path
+
+        step = trainer.global_step
+        if step not in self.steps:
+            return
+        self.steps.discard(step)
+        print(f"PauseAt: paused at step {step}", file=sys.stderr, flush=True)
+        go = Path(self.folder) / f"go-{step}"
+        deadline = time.monotonic() + self.seconds
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PauseAt: {go} did not appear in {self.seconds} s")
+            time.sleep(0.05)
+
+
+class FailingCheckpointWrites:
+    """Checkpoint writes whose file name contains one of ``names`` fail with ``OSError(code)``
+    at ``stage``: ``write`` (the file object's write, after some bytes went out), ``fsync``
+    or ``rename``; every other file is written as usual. Install it with
+    :meth:`install` (a pytest ``monkeypatch``): it replaces ``open``, ``os.fsync`` and
+    ``os.replace`` as :mod:`omnibert.callbacks.checkpoint_io` sees them. ``failures`` counts
+    the writes it failed."""
+
+    def __init__(self, names: tuple[str, ...], stage: str = "write", code: int = 28) -> None:
+        self.names = names
+        self.stage = stage
+        self.code = code
+        self.failures = 0
+
+    def _hit(self, path: Any) -> bool:
+        return any(name in os.path.basename(str(path)) for name in self.names)
+
+    def _fail(self) -> None:
+        self.failures += 1
+        raise OSError(self.code, os.strerror(self.code))
+
+    def install(self, monkeypatch: Any) -> FailingCheckpointWrites:
+        import builtins
+
+        from omnibert.callbacks import checkpoint_io
+
+        real_open, real_fsync, real_replace = builtins.open, os.fsync, os.replace
+        paths: dict[int, str] = {}
+        hooks = self
+
+        class Failing:
+            def __init__(self, handle: Any) -> None:
+                self._handle = handle
+                self._written = 0
+
+            def write(self, data: Any) -> int:
+                if self._written > 1000:  # a partial file first, as a disk filling up
+                    hooks._fail()
+                self._written += len(data)
+                return int(self._handle.write(data))
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._handle, name)
+
+            def __enter__(self) -> Failing:
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                self._handle.close()
+
+        def fake_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+            handle = real_open(path, *args, **kwargs)
+            paths[handle.fileno()] = str(path)
+            if hooks.stage == "write" and hooks._hit(path):
+                return Failing(handle)
+            return handle
+
+        def fake_fsync(fd: int) -> None:
+            if hooks.stage == "fsync" and hooks._hit(paths.get(fd, "")):
+                hooks._fail()
+            real_fsync(fd)
+
+        def fake_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if hooks.stage == "rename" and hooks._hit(dst):
+                hooks._fail()
+            real_replace(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(checkpoint_io, "open", fake_open, raising=False)
+        monkeypatch.setattr(checkpoint_io.os, "fsync", fake_fsync)
+        monkeypatch.setattr(checkpoint_io.os, "replace", fake_replace)
+        return self
 
 
 # ------------------------------------------------------------------ damaged shards

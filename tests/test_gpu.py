@@ -119,7 +119,7 @@ def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path):
         "optimizer.impl=foreach",
         "phase.max_steps=4",
         "callbacks.checkpoint.every_n_train_steps=1",
-        "callbacks.checkpoint.save_top_k=-1",
+        "callbacks.checkpoint.keep_last=null",
     )
     straight = _train(tmp_path, *common, "run_name=straight")
     assert straight.returncode == 0, straight.stderr[-3000:]

@@ -132,7 +132,7 @@ DETERMINISTIC = (
     "optimizer.impl=foreach",
     "phase.max_steps=4",
     "callbacks.checkpoint.every_n_train_steps=1",
-    "callbacks.checkpoint.save_top_k=-1",
+    "callbacks.checkpoint.keep_last=null",
 )
 
 

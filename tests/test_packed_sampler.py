@@ -118,7 +118,7 @@ PACKED = (
     "data.pack.buffer_size=40",
     "phase.max_steps=8",
     "callbacks.checkpoint.every_n_train_steps=1",
-    "callbacks.checkpoint.save_top_k=-1",
+    "callbacks.checkpoint.keep_last=null",
 )
 
 

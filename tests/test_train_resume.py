@@ -92,7 +92,7 @@ def straight(tmp_path_factory, compose_config) -> dict:
             root,
             "run_name=straight",
             f"data.num_workers={workers}",
-            "callbacks.checkpoint.save_top_k=-1",
+            "callbacks.checkpoint.keep_last=null",
         )
         ckpts = root / "straight" / "checkpoints"
         runs[workers] = {
@@ -291,7 +291,7 @@ def test_a_fresh_run_does_not_overwrite_an_earlier_runs_checkpoints(
 
 def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, monkeypatch):
     from omnibert.callbacks import checkpoint_io
-    from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO
+    from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
 
     target = tmp_path / "checkpoints" / "last.ckpt"
     io = AtomicCheckpointIO()
@@ -303,7 +303,7 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint_io.torch, "save", dies_halfway)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointWriteError, match="disk full"):  # the OSError, explained
         io.save_checkpoint({"global_step": 2, "w": torch.zeros(3)}, target)
     assert load_state(target)["global_step"] == 1  # the old checkpoint, whole
     assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"]  # no temporary

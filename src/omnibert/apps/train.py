@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import check_paths, preflight
 from omnibert.config import TrainConfig
-from omnibert.errors import exit_on
+from omnibert.errors import RunFailed, exit_on
 from omnibert.paths import hydra_output_discarded_when_refused
 from omnibert.threads import set_wait_policy_env
 
@@ -43,6 +43,10 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
         except stopping.Stopped as stop:  # each phase resumes by itself when run again
             if stop.hint:
                 stop.hint = "resume with the same command"
+            raise
+        except RunFailed as failed:  # a full disk, a dead loader worker: the same
+            text = str(failed).replace("ckpt_path=last", "the same command (no ckpt_path)")
+            failed.args = (text,)
             raise
         if output_dir is not None:
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +74,8 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
     )
     print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
     print(f"omnibert-train: {config.run_name}\n{prepared.plan.table()}", flush=True)
+    if prepared.plan.checkpoint_space.get("warning"):
+        print(f"omnibert-train: warning: {prepared.plan.checkpoint_space['warning']}", flush=True)
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())

@@ -8,6 +8,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from omnibert.callbacks.checkpoint_io import CheckpointWriteError
+
 __all__ = ["save_now"]
 
 
@@ -15,7 +17,9 @@ def save_now(trainer: pl.Trainer) -> str | None:
     """Save the current step through the run's checkpoint callback: its ``step-*.ckpt`` and
     ``last.ckpt`` (unless it saved this step already); a callback that keeps no
     ``last.ckpt`` of its own (fine-tuning's ``final.ckpt``) gets a ``last.ckpt`` beside.
-    Returns the path of ``last.ckpt`` (None: the run has no checkpoint callback). Call it at
+    Returns the path of ``last.ckpt`` (None: the run has no checkpoint callback). A write that
+    fails raises :class:`~omnibert.callbacks.checkpoint_io.CheckpointWriteError` whatever
+    ``callbacks.checkpoint.on_write_error`` says: this state would be lost. Call it at
     the end of an optimiser step, where the periodic checkpoints are written, so the result
     resumes exactly like them."""
     checkpointing: Any = trainer.checkpoint_callback
@@ -23,12 +27,19 @@ def save_now(trainer: pl.Trainer) -> str | None:
         return None
     if getattr(checkpointing, "save_last", False):
         if getattr(checkpointing, "_last_global_step_saved", -1) != trainer.global_step:
-            candidates = checkpointing._monitor_candidates(trainer)
-            checkpointing._save_topk_checkpoint(trainer, candidates)
-            checkpointing._save_last_checkpoint(trainer, candidates)
+            if hasattr(checkpointing, "save_final"):  # a failed write ends the run (exit 74)
+                checkpointing.save_final(trainer)
+            else:
+                candidates = checkpointing._monitor_candidates(trainer)
+                checkpointing._save_topk_checkpoint(trainer, candidates)
+                checkpointing._save_last_checkpoint(trainer, candidates)
         return checkpointing.last_model_path or None
     dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
     path = Path(str(dirpath)) / "last.ckpt"
-    trainer.save_checkpoint(path)
+    try:
+        trainer.save_checkpoint(path)
+    except CheckpointWriteError as err:
+        step = trainer.global_step
+        raise err.explain(f" at step {step}: {err.fix}, and run it again") from None
     checkpointing.last_model_path = str(path)
     return str(path)

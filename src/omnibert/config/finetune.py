@@ -12,7 +12,15 @@ from typing import Any
 from omegaconf import DictConfig
 
 from omnibert.config.node import Node, node_or_none, nodes, resolve
-from omnibert.config.sections import Accelerator, ConfigError, Model, Paths, Trainer, at_least
+from omnibert.config.sections import (
+    Accelerator,
+    Checkpointing,
+    ConfigError,
+    Model,
+    Paths,
+    Trainer,
+    at_least,
+)
 from omnibert.errors import UserError
 
 __all__ = ["PADDINGS", "FinetuneConfig", "FinetuneData"]
@@ -97,6 +105,8 @@ class FinetuneConfig:
     seed: int
     micro_batch_size: int | None
     ckpt_path: str | None
+    #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
+    checkpointing: Checkpointing | None = None
 
     @classmethod
     def of(cls, cfg: DictConfig, error: type[UserError] = ConfigError) -> FinetuneConfig:
@@ -119,6 +129,7 @@ class FinetuneConfig:
             seed=int(c["seed"]),
             micro_batch_size=c.get("micro_batch_size"),
             ckpt_path=None if c.get("ckpt_path") is None else str(c["ckpt_path"]),
+            checkpointing=Checkpointing.of((c.get("callbacks") or {}).get("checkpoint")),
         )
 
     @property

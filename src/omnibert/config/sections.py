@@ -19,6 +19,7 @@ from omnibert.models.config import BertConfig
 
 __all__ = [
     "Accelerator",
+    "Checkpointing",
     "ConfigError",
     "MLPerf",
     "Model",
@@ -69,6 +70,61 @@ class Paths:
         if self.log_dir is not None:
             named["log_dir"] = self.log_dir
         return {f"paths.{k}": v for k, v in named.items()}
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """``callbacks.checkpoint`` (``conf/callbacks/default.yaml``): how many ``step-*.ckpt`` are
+    kept besides ``last.ckpt`` (``keep_last``; null: every one), what a checkpoint that cannot
+    be written does (``on_write_error``: ``stop`` the run, exit code 74, or ``skip`` it with a
+    warning and try again at the next interval), and the interval. ``keep_last`` sets
+    Lightning's ``save_top_k`` (the newest N by step); ``save_top_k`` set as well is an alias
+    (older command lines): it wins over ``keep_last``'s default and is refused when it
+    disagrees with another ``keep_last``."""
+
+    keep_last: int | None = 3
+    on_write_error: str = "stop"
+    every_n_train_steps: int | None = None
+
+    #: what ``on_write_error`` may be
+    ON_WRITE_ERROR = ("stop", "skip")
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any] | None) -> Checkpointing | None:
+        """The settings of a ``callbacks.checkpoint`` node (None: no checkpoint callback)."""
+        if values is None:
+            return None
+        key = "callbacks.checkpoint"
+        every = values.get("every_n_train_steps")  # its type and range: ModelCheckpoint's
+        top_k = values.get("save_top_k")  # its type is checked against ModelCheckpoint's
+        top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else None
+        keep = values.get("keep_last", cls.keep_last)
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 0):
+            raise ConfigError(
+                f"{key}.keep_last={keep!r} must be a whole number of at least 0 (or null to "
+                f"keep every step checkpoint); fix {key}.keep_last."
+            )
+        if top_k is not None:  # Lightning's name, kept as an alias: it wins over the default
+            alias = None if top_k < 0 else top_k
+            if keep not in (cls.keep_last, alias):
+                raise ConfigError(
+                    f"{key}.save_top_k={top_k} disagrees with {key}.keep_last={keep}; "
+                    f"save_top_k is an older name of keep_last: drop it and set {key}.keep_last="
+                    f"{'null' if alias is None else alias} (null keeps every step checkpoint)."
+                )
+            keep = alias
+        mode = values.get("on_write_error", cls.on_write_error)
+        if mode not in cls.ON_WRITE_ERROR:
+            raise ConfigError(
+                f"{key}.on_write_error={mode!r} must be stop (end the run, exit code 74) or "
+                f"skip (warn and try again at the next interval); fix {key}.on_write_error."
+            )
+        return cls(keep, str(mode), every if positive_int(every) else None)
+
+    @property
+    def save_top_k(self) -> int:
+        """Lightning's ``save_top_k`` (``-1``: all)."""
+        return -1 if self.keep_last is None else self.keep_last
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from omnibert.config.node import Node, node_or_none, nodes, resolve
 from omnibert.config.sections import (
     Accelerator,
+    Checkpointing,
     ConfigError,
     MLPerf,
     Model,
@@ -68,6 +69,8 @@ class TrainConfig:
     compile_only: bool
     profile: Any
     mlperf: MLPerf | None
+    #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
+    checkpointing: Checkpointing | None = None
 
     @classmethod
     def of(cls, cfg: DictConfig) -> TrainConfig:
@@ -102,6 +105,7 @@ class TrainConfig:
             compile_only=bool(c.get("compile_only")),
             profile=c.get("profile", False),
             mlperf=mlperf,
+            checkpointing=Checkpointing.of((c.get("callbacks") or {}).get("checkpoint")),
         )
         if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks
             raise TrainConfigError(

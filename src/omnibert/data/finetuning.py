@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from omnibert.stopping import ignore_in_worker
+from omnibert.data.loader_workers import init_worker
 
 __all__ = ["DictDataset", "FineTuneDataModule"]
 
@@ -76,6 +76,7 @@ class FineTuneDataModule(pl.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=self.collate,
-            # a signal to the process group stops the run at its step, not a worker under it
-            worker_init_fn=ignore_in_worker if self.num_workers else None,
+            # a signal to the process group stops the run at its step, not a worker under it;
+            # a worker that dies is named (omnibert.data.loader_workers)
+            worker_init_fn=init_worker("training") if self.num_workers else None,
         )

@@ -28,8 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from omnibert.compat import lightning_resumes_after_batch_end
+from omnibert.data.loader_workers import init_worker
 from omnibert.data.samplers import EvalBatchSampler
-from omnibert.stopping import ignore_in_worker
 
 __all__ = ["SamplerStateDataLoader", "build_loader", "stateful_dataloader_class"]
 
@@ -133,7 +133,7 @@ def build_loader(
     (the IPU environment; module docstring); the evaluation sampler a plain ``DataLoader``. Its own seeded generator leaves torch's global
     RNG untouched. Worker processes ignore SIGTERM and SIGINT (:mod:`omnibert.stopping`): a
     signal to the process group stops the run at its next step, not with a worker's
-    traceback."""
+    traceback; one that dies is named in one sentence (:mod:`omnibert.data.loader_workers`)."""
     kwargs: dict[str, Any] = {
         "batch_sampler": sampler,
         "collate_fn": collator,
@@ -142,9 +142,10 @@ def build_loader(
         "persistent_workers": num_workers > 0,
         "generator": torch.Generator().manual_seed(seed),
     }
+    evaluation = isinstance(sampler, EvalBatchSampler)
     if num_workers > 0:
-        kwargs["worker_init_fn"] = ignore_in_worker
-    if isinstance(sampler, EvalBatchSampler):
+        kwargs["worker_init_fn"] = init_worker("evaluation" if evaluation else "training")
+    if evaluation:
         return DataLoader(dataset, **kwargs)
     stateful = stateful_dataloader_class()
     if stateful is not None and lightning_resumes_after_batch_end():

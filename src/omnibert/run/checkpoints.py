@@ -32,6 +32,7 @@ __all__ = [
     "refuse_a_finished_run",
     "remove_stale_temporaries",
     "resolve_ckpt_path",
+    "resume_hint",
     "saved_sampler_state",
 ]
 
@@ -145,3 +146,19 @@ def finished(checkpoint_dir: str | os.PathLike[str]) -> None:
     """A run that finished has nothing left to resume after a time limit: its requeue file
     goes (rank 0 calls it)."""
     (Path(checkpoint_dir) / RESUME_FILE).unlink(missing_ok=True)
+
+
+def resume_hint(checkpoint_dir: str | os.PathLike[str]) -> str:
+    """How to go on after a run ended by a fault: from ``last.ckpt`` (its step named) when
+    there is one, else from the start."""
+    last = Path(checkpoint_dir) / "last.ckpt"
+    if not last.is_file():
+        return "no checkpoint was written before it: run the same command again"
+    try:
+        step = int(load_checkpoint(last, mmap=True)["global_step"])
+    except Exception:
+        return f"resume with ckpt_path=last ({last})"
+    return (
+        f"{last} holds step {step}: resume with ckpt_path=last (the steps after {step} are "
+        "trained again)"
+    )

@@ -25,9 +25,10 @@ from omnibert.callbacks.progress import select_progress
 from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
 from omnibert.callbacks.stop import StopAtSafePoint
 from omnibert.config.node import Node
+from omnibert.data.loader_workers import LoaderWorkerDied, worker_death
 from omnibert.errors import UserError
 from omnibert.logs import single_lightning_output
-from omnibert.run.checkpoints import finished
+from omnibert.run.checkpoints import finished, resume_hint
 
 __all__ = [
     "Prepared",
@@ -163,34 +164,37 @@ def fit_safely(
 ) -> float:
     """``trainer.fit`` from the plan's checkpoint, stopping at the end of an optimiser step
     on a signal; then (``after``: e.g. a final validation) the loggers are finished. The
-    requeue file of a finished run goes. A collective that fails because another rank was
-    lost becomes :class:`~omnibert.errors.LostRank` (one line, no traceback). Returns the
-    seconds ``fit`` took."""
+    requeue file of a finished run goes. A loader worker that dies ends the run with one
+    sentence (:class:`~omnibert.data.loader_workers.LoaderWorkerDied`, exit code 71) naming
+    the checkpoint to resume from; a collective that fails because another rank was lost
+    becomes :class:`~omnibert.errors.LostRank` (one line, no traceback). Returns the seconds
+    ``fit`` took."""
     prepared, trainer = run.prepared, run.trainer
+    checkpoint_dir = prepared.config.paths.checkpoint_dir
     start = time.perf_counter()
     try:
-        try:
-            with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
-                trainer.fit(
-                    run.task, datamodule=prepared.datamodule, ckpt_path=prepared.plan.ckpt_path
-                )
-        except RuntimeError as err:
-            # Lightning's teardown can fail while a user error from restoring the loader
-            # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
-            if isinstance(err.__context__, UserError):
-                raise err.__context__ from None
-            with stopping.at_safe_points():  # the launcher's SIGTERM to the survivors waits
-                lost = lost_rank(err, trainer.global_rank, trainer.world_size, timeout_s(run))
-            if lost is not None:  # a collective failed because another rank is gone
-                raise lost from None
-            raise
+        with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+            trainer.fit(run.task, datamodule=prepared.datamodule, ckpt_path=prepared.plan.ckpt_path)
         seconds = time.perf_counter() - start
         stopping.set_context(finished_context(trainer.global_step))
         stopping.check()  # a signal during the last validation inside fit
         if trainer.is_global_zero:  # finished: nothing left to resume after a time limit
-            finished(prepared.config.paths.checkpoint_dir)
+            finished(checkpoint_dir)
         if after is not None:
             after()
+    except RuntimeError as err:
+        # Lightning's teardown can fail while a user error from restoring the loader
+        # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
+        if isinstance(err.__context__, UserError):
+            raise err.__context__ from None
+        death = worker_death(err)  # a loader worker killed (the OOM killer): one sentence
+        if death is not None:
+            raise LoaderWorkerDied(f"{death}; {resume_hint(checkpoint_dir)}") from None
+        with stopping.at_safe_points():  # the launcher's SIGTERM to the survivors waits
+            lost = lost_rank(err, trainer.global_rank, trainer.world_size, timeout_s(run))
+        if lost is not None:  # a collective failed because another rank is gone
+            raise lost from None
+        raise
     finally:
         finish_loggers(trainer.loggers)
     return seconds

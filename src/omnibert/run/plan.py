@@ -144,6 +144,8 @@ class TrainPlan:
     kernels: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the attention backend (model.config.attention; auto: its choice for this device)
     attention: str = ""
+    #: checkpoint size × how many at once against the free space (run.checkpoint_space)
+    checkpoint_space: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the architecture, vocab size resolved (a BertConfig; not in to_dict: model.config has it)
     model: Any = dataclasses.field(default=None, metadata={"internal": True})
     #: the initial weights, checked (run.init_from.PretrainingInit; init_from names them)
@@ -204,7 +206,9 @@ class TrainPlan:
             ("init from", self._init_description()),
             ("resume from", self.ckpt_path or "fresh run"),
             ("checkpoints", self.checkpoint_dir),
-        ]
+            *([("checkpoint space", self.checkpoint_space["description"])]
+              if self.checkpoint_space else []),
+        ]  # fmt: skip
 
     def _init_description(self) -> str:
         if self.init_from is None:

@@ -32,6 +32,7 @@ from omnibert.config import TrainConfig
 from omnibert.models.attention import plan_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.batches import check_enough_data, data_and_batches
+from omnibert.run.checkpoint_space import checkpoint_bytes, plan_checkpoint_space
 from omnibert.run.checkpoints import (
     check_resume_position,
     check_resume_target,
@@ -106,13 +107,25 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     kernels["attention"] = attention  # the backend the model runs (models.attention)
     plan = dataclasses.replace(
         plan, micro_batch_choice=choice.reason, threads=threads, attention=attention,
-        kernels=kernels,
+        kernels=kernels, checkpoint_space=_checkpoint_space(config, plan, precision),
     )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
         check_resume_position(plan.ckpt_path, sampler)  # another batch: one sentence, now
     return Prepared(
         config, plugin, environment, plan, datamodule, plan.init, profile=check_profile(config)
+    )
+
+
+def _checkpoint_space(config: TrainConfig, plan: TrainPlan, precision: str) -> dict[str, Any]:
+    """A checkpoint's size × how many at once against the free space (refused when not even
+    one fits: :mod:`omnibert.run.checkpoint_space`); empty without a checkpoint callback."""
+    saving = config.checkpointing
+    if saving is None:
+        return {}
+    each = checkpoint_bytes(plan.model.to_dict(), precision, config.optimizer)
+    return plan_checkpoint_space(
+        plan.checkpoint_dir, each, saving.keep_last, saving.every_n_train_steps, plan.max_steps
     )
 
 

@@ -73,8 +73,10 @@ def _hints(target: str) -> dict[str, tuple[type, ...]]:
         from hydra.utils import get_object
 
         obj = get_object(target)
-        function = obj.__init__ if inspect.isclass(obj) else obj
-        annotations = typing.get_type_hints(function)
+        functions = _initialisers(obj) if inspect.isclass(obj) else [obj]
+        annotations: dict[str, Any] = {}
+        for function in reversed(functions):  # a subclass's own annotation wins
+            annotations.update(typing.get_type_hints(function))
     except Exception:  # not importable, or annotations that do not evaluate: left to it
         return {}
     out: dict[str, tuple[type, ...]] = {}
@@ -83,6 +85,21 @@ def _hints(target: str) -> dict[str, tuple[type, ...]]:
         if kinds:
             out[name] = kinds
     return out
+
+
+def _initialisers(cls: type) -> list[Any]:
+    """``cls.__init__``, and while each passes ``**kwargs`` on, its bases' (a subclass such
+    as ``PretrainingCheckpoint`` takes the keys of Lightning's ``ModelCheckpoint`` too)."""
+    found: list[Any] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        found.append(init)
+        kinds = {p.kind for p in inspect.signature(init).parameters.values()}
+        if inspect.Parameter.VAR_KEYWORD not in kinds:
+            break
+    return found
 
 
 def _scalar_kinds(annotation: Any) -> tuple[type, ...]:
