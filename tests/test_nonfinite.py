@@ -7,9 +7,6 @@ line; fp16's loss scale travels in checkpoints. Faults come from a test callback
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -172,47 +169,31 @@ def test_a_skipped_step_changes_nothing_and_is_counted(compose_config, tmp_path)
     assert math.isfinite(summary["validation"]["val/loss"])
 
 
-def _train(root: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "omnibert.apps.train",
-            *SMOKE,
-            f"paths.output_root={root}",
-            *overrides,
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def test_too_many_in_a_row_stop_with_the_last_good_state(tmp_path):
+def test_too_many_in_a_row_stop_with_the_last_good_state(compose_config, tmp_path, capsys):
     """Steps 3, 4 and 5 are NaN with at most 2 in a row: the run stops at step 5 in one line
     (exit code 65), and last.ckpt (written at step 5) holds step 2's state, from which
     ``ckpt_path=last`` resumes and finishes."""
-    done = _train(
-        tmp_path, "phase.max_steps=7", "trainer.nonfinite_max_consecutive=2", _nan_at(3, 4, 5)
+    run = (*SMOKE, "phase.max_steps=7")
+    config = compose_config(
+        *run, "trainer.nonfinite_max_consecutive=2", _nan_at(3, 4, 5), root=tmp_path
     )
-    assert done.returncode == 65, done.stderr[-3000:]
-    line = done.stderr.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as stopped:
+        run_or_exit(config, tmp_path / "out")
+    assert stopped.value.code == 65
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
     assert line.startswith("omnibert-train: error: the gradients were not finite in steps 3 to 5")
     assert "first non-finite gradient model." in line
     assert "holds the weights of step 2, the last good one" in line
     assert line.endswith("then resume with ckpt_path=last")
-    assert "Traceback" not in done.stderr
-    run = next(tmp_path.glob("**/checkpoints"))
-    last, good = load_state(run / "last.ckpt"), load_state(run / "step-00000002.ckpt")
+    assert "Traceback" not in err
+    checkpoints = next(tmp_path.glob("**/checkpoints"))
+    last = load_state(checkpoints / "last.ckpt")
     assert last["global_step"] == 5
-    _same_state(good, last)
-    resumed = _train(tmp_path, "phase.max_steps=7", "ckpt_path=last")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert load_state(run / "last.ckpt")["global_step"] == 7
+    _same_state(load_state(checkpoints / "step-00000002.ckpt"), last)
+    summary = run_or_exit(compose_config(*run, "ckpt_path=last", root=tmp_path), tmp_path / "out")
+    assert summary["steps"] == 7
+    assert load_state(checkpoints / "last.ckpt")["global_step"] == 7
 
 
 def test_stop_stops_at_the_first(compose_config, tmp_path, capsys):
