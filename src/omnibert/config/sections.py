@@ -99,18 +99,32 @@ class Trainer:
     enable_progress_bar: bool
     log_every_n_steps: int | None
     profiler: Any
+    #: seconds from SIGTERM / SIGINT to the end of the process (omnibert's, not Lightning's:
+    #: kept out of ``node``, whose keys are the Trainer's arguments)
+    stop_within_s: float = 20.0
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Trainer:
+        lightning = {k: v for k, v in values.items() if k != "stop_within_s"}
         return cls(
-            Node(values, "trainer"),
+            Node(lightning, "trainer"),
             str(values.get("precision")),
             values.get("max_steps"),
             values.get("gradient_clip_val"),
             bool(values.get("enable_progress_bar", True)),
             values.get("log_every_n_steps"),
             values.get("profiler"),
+            _seconds("trainer.stop_within_s", values.get("stop_within_s", 20.0)),
         )
+
+
+def _seconds(key: str, value: Any) -> float:
+    """A number of seconds above 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r} is not a number of seconds; fix {key}.")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{key}={value!r} must be a number of seconds above 0; fix {key}.")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -92,11 +92,12 @@ def quiet_third_party_deprecations() -> None:
 
 def build_callbacks(config: Any, sequences_per_step: float, extra: Iterable[Any] = ()) -> list[Any]:
     """The configured callbacks, then what every run has: the batch counter, the safe stop
-    (SIGTERM / SIGINT: checkpoint this step, then stop), ``extra``, and under a submitit job
+    (SIGTERM / SIGINT: checkpoint the last completed step, then stop), ``extra``, and under a submitit job
     the checkpoint at its time limit (then a requeue). One way of showing progress: the bar
     on a terminal, step-counting lines in a log file (:mod:`omnibert.callbacks.progress`)."""
     callbacks = [node.build() for node in config.callbacks]
-    callbacks += [CompletedBatchProgress(), StopAtSafePoint(), *extra]
+    stop = StopAtSafePoint(within_s=config.trainer.stop_within_s)
+    callbacks += [CompletedBatchProgress(), stop, *extra]
     if submitit_signal() is not None:
         callbacks.append(CheckpointOnSignal())
     if not config.trainer.enable_progress_bar:
@@ -148,14 +149,18 @@ def build_trainer(
 def fit_safely(
     run: Run, finished_context: Callable[[int], str], after: Callable[[], None] | None = None
 ) -> float:
-    """``trainer.fit`` from the plan's checkpoint, stopping at the end of an optimiser step
-    on a signal; then (``after``: e.g. a final validation) the loggers are finished. The
-    requeue file of a finished run goes. Returns the seconds ``fit`` took."""
+    """``trainer.fit`` from the plan's checkpoint, stopping at the next micro-batch boundary
+    on a signal, within ``trainer.stop_within_s`` (:mod:`omnibert.callbacks.stop`); then
+    (``after``: e.g. a final validation) the loggers are finished. The requeue file of a
+    finished run goes. Returns the seconds ``fit`` took."""
     prepared, trainer = run.prepared, run.trainer
+    stop = next((cb for cb in run.callbacks if isinstance(cb, StopAtSafePoint)), None)
+    within_s = prepared.config.trainer.stop_within_s
     start = time.perf_counter()
     try:
         try:
-            with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+            late = None if stop is None else stop.late_line
+            with stopping.at_safe_points(within_s=within_s, late=late):
                 trainer.fit(
                     run.task, datamodule=prepared.datamodule, ckpt_path=prepared.plan.ckpt_path
                 )
