@@ -127,6 +127,32 @@ class PauseAtMicroBatch(pl.Callback):
             checkpoint["pause_at_micro_batch"] = _SlowToPickle(self.hold_s)
 
 
+class PauseInValidation(pl.Callback):
+    """Wait at the end of validation batch ``batch`` of the validation after optimiser step
+    ``step`` until SIGTERM / SIGINT arrives, announcing it on stderr
+    (``PauseInValidation: waiting at validation batch 1 after step 3``)."""
+
+    def __init__(self, step: int, batch: int = 1, timeout_s: float = 600.0) -> None:
+        super().__init__()
+        self.step, self.batch, self.timeout_s = step, batch, timeout_s
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        import time
+
+        from omnibert import stopping
+
+        batch_idx = args[-1] if args else kwargs["batch_idx"]
+        if trainer.global_step != self.step or batch_idx + 1 != self.batch:
+            return
+        print(f"PauseInValidation: waiting at validation batch {self.batch} after step "
+              f"{self.step}", file=sys.stderr, flush=True)  # fmt: skip
+        deadline = time.monotonic() + self.timeout_s
+        while not stopping.pending():
+            if time.monotonic() > deadline:
+                raise RuntimeError("PauseInValidation: no signal came")
+            time.sleep(0.01)
+
+
 class _SlowToPickle:
     """An object whose pickling (inside ``torch.save``, with the file open) takes ``seconds``."""
 

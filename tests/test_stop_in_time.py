@@ -168,3 +168,31 @@ def test_a_stop_past_its_deadline_keeps_the_previous_checkpoint(
     run_or_exit(compose("pretrain", ["experiment=smoke", *resume]), None)
     assert load_state(folder / "last.ckpt")["global_step"] == 6
     assert not list(folder.glob(".*.tmp-*"))
+
+
+def test_a_stop_during_a_validation_keeps_the_step_it_followed(tmp_path: Path) -> None:
+    """SIGTERM while the validation after step 3 runs: that validation is dropped, step 3 (no
+    periodic checkpoint: they come every 2 steps) is checkpointed as at its end, and the
+    resumed run ends bitwise where an uninterrupted one ends."""
+    from omnibert.apps.train import run_or_exit
+
+    steps = ["phase.max_steps=6", "val_every_n_steps=3"]
+    pause = ["+callbacks.pause._target_=faults.PauseInValidation", "+callbacks.pause.step=3"]
+    with started([*_train(tmp_path, *steps), *pause], tmp_path, "train") as run:
+        run.wait_for(r"PauseInValidation: waiting at validation batch 1 after step 3")
+        run.signal(signal.SIGTERM, group=True)
+        code, lines = run.finish()
+    assert code == 128 + signal.SIGTERM, "\n".join(lines)
+    assert lines[-1] == (
+        "omnibert-train: stopped by SIGTERM at step 3 (the validation under way is dropped; the "
+        "checkpoint is of step 3); resume with ckpt_path=last"
+    ), "\n".join(lines)
+    _no_traceback(lines)
+    assert load_state(_checkpoints(tmp_path) / "last.ckpt")["global_step"] == 3
+
+    run_or_exit(compose("pretrain", ["experiment=smoke", *steps, f"paths.output_root={tmp_path / 'runs'}",
+                                     "ckpt_path=last"]), None)  # fmt: skip
+    run_or_exit(compose("pretrain", ["experiment=smoke", *steps,
+                                     f"paths.output_root={tmp_path / 'fresh'}"]), None)  # fmt: skip
+    fresh = load_state(tmp_path / "fresh" / "smoke" / "checkpoints" / "last.ckpt")
+    assert_same_training_state(fresh, load_state(_checkpoints(tmp_path) / "last.ckpt"), 6)

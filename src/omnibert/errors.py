@@ -58,5 +58,8 @@ def exit_on(app: str) -> Iterator[None]:
             print(f"{app}: error: {err}", file=sys.stderr)
             sys.exit(2)
         except Stopped as stop:
-            print(f"{app}: {stop.message}", file=sys.stderr, flush=True)
+            # one write: the ranks of a multi-process run share stderr, and print() writes the
+            # newline apart, so two ranks' lines would run into one
+            sys.stderr.write(f"{app}: {stop.message}\n")
+            sys.stderr.flush()
             sys.exit(stop.exit_code)
