@@ -11,6 +11,12 @@ from typing import Any
 import lightning.pytorch as pl
 
 
+def _say(line: str) -> None:
+    """One line on stderr in one write (the ranks of a run share it)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 class KillAtStep(pl.Callback):
     """``SIGKILL`` this process once the checkpoint of optimiser step ``step`` has been written.
 
@@ -20,28 +26,27 @@ class KillAtStep(pl.Callback):
     kill is ``SIGKILL``: no ``finally`` blocks, no logger flush, no teardown, as a crash or a
     pre-empted node. Choose ``step`` as a multiple of the checkpoint interval. A run resumed
     past ``step`` never fires. With ``run`` it fires only in a run whose checkpoint directory
-    contains that text (one phase of a multi-phase run).
+    contains that text (one phase of a multi-phase run). With ``rank`` only that rank of a
+    multi-process run is killed (the others find out as they would from a crash).
     """
 
-    def __init__(self, step: int, run: str | None = None) -> None:
+    def __init__(self, step: int, run: str | None = None, rank: int | None = None) -> None:
         super().__init__()
         if step < 1:
             raise ValueError(f"KillAtStep step must be >= 1, got {step}.")
         self.step = step
         self.run = run
+        self.rank = rank
         self._armed = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         where = str(getattr(trainer.checkpoint_callback, "dirpath", ""))
         self._armed = trainer.global_step < self.step and (self.run is None or self.run in where)
+        self._armed &= self.rank is None or trainer.global_rank == self.rank
 
     def _maybe_kill(self, trainer: pl.Trainer) -> None:
         if self._armed and trainer.global_step >= self.step:
-            print(
-                f"KillAtStep: SIGKILL at global step {trainer.global_step} (pid {os.getpid()})",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"KillAtStep: SIGKILL at global step {trainer.global_step} (pid {os.getpid()})")
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_batch_start(
@@ -167,6 +172,46 @@ class _SlowToPickle:
         return (int, (0,))
 
 
+class HoldUntilSignalled(pl.Callback):
+    """Every rank holds at the end of optimiser step ``step`` (before the safe stop looks for
+    a signal) until SIGTERM / SIGINT is pending, saying so once on stderr: a test sends the
+    signal once every rank holds, and the run stops at exactly that step."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step != self.step:
+            return
+        from omnibert import stopping
+
+        _say(f"HoldUntilSignalled: rank {trainer.global_rank} holds at step {self.step}")
+        import time
+
+        while not stopping.pending():  # the handler notes the signal as it arrives
+            time.sleep(0.05)
+        self.step = -1
+
+
+class HangAtStep(pl.Callback):
+    """Rank ``rank`` stops answering at the start of the batch after optimiser step ``step``
+    (and its checkpoint): it blocks for good, as a process stuck in a driver or a dead node
+    whose socket stays open, so its peers wait in their next collective."""
+
+    def __init__(self, step: int, rank: int) -> None:
+        super().__init__()
+        self.step = step
+        self.rank = rank
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            import threading
+
+            _say(f"HangAtStep: rank {self.rank} (pid {os.getpid()}) hangs at step {self.step}")
+            threading.Event().wait()
+
+
 class SlowUntilResumed(pl.Callback):
     """Sleep ``seconds`` after every training batch of a run that started fresh, none in a
     resumed one: a job slow enough to meet its time limit the first time, quick once requeued."""
@@ -247,3 +292,37 @@ def damage_column(path: Any, name: str, value: int) -> None:
                     schema=schema,
                 )
             )
+
+
+class NanGradAt(pl.Callback):
+    """Make one gradient element NaN (``value``: or inf) in the optimiser steps ``steps``
+    (1-based, the ``global_step`` after them), just before the optimiser looks at the
+    gradients: a step that went numerically wrong, injected from outside the product."""
+
+    def __init__(self, steps: list[int], value: float = float("nan")) -> None:
+        super().__init__()
+        self.steps = {int(s) for s in steps}
+        self.value = float(value)
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if trainer.global_step + 1 in self.steps:
+            grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
+            grad.view(-1)[0] = self.value
+
+
+class EndFitAtStep(pl.Callback):
+    """End ``fit`` once optimiser step ``step`` is done (``Trainer.should_stop``), in-process:
+    the run's ``step-*.ckpt`` of that step is a checkpoint to resume an interrupted run from."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = int(step)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True

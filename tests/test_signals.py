@@ -55,8 +55,11 @@ def _interruptible() -> None:
 class Run:
     """A process in its own session whose output lines are read as they come."""
 
-    def __init__(self, command: list[str], log: Path, cwd: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    def __init__(
+        self, command: list[str], log: Path, cwd: Path, env: dict[str, str] | None = None
+    ) -> None:
+        env = {**os.environ, **(env or {})}
+        env["PYTHONPATH"] = f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}"
         self.log = log
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env,

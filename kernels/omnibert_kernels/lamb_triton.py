@@ -183,6 +183,7 @@ class MultiTensorLamb:
         max_grad_norm: float | None,
         mirrors: Sequence[Tensor | None] | None = None,
         all_reduce: Callable[[Tensor], None] | None = None,
+        proceed: Callable[[Tensor], bool] | None = None,
     ) -> Tensor:
         """One LAMB step over all tensors, in place; returns the global gradient norm (0-d).
 
@@ -191,7 +192,9 @@ class MultiTensorLamb:
         ``mirrors[i]``, where given, is the bf16/fp16 model tensor that receives ``params[i]``
         rounded. ``all_reduce`` sums a tensor in place over the ranks that share the
         parameters (sharded training); it is called twice, on the ``[1]`` squared gradient
-        norm and on the ``[T, 2]`` squared update and parameter norms.
+        norm and on the ``[T, 2]`` squared update and parameter norms. ``proceed``, where
+        given, is called with the global gradient norm before anything is changed; when it
+        returns False nothing is (a step skipped for a non-finite norm).
         """
         if not params:
             raise ValueError("MultiTensorLamb.step needs at least one tensor.")
@@ -219,6 +222,8 @@ class MultiTensorLamb:
         total = grad_sumsq[:C].sum().reshape(1)
         if all_reduce is not None:
             all_reduce(total)
+        if proceed is not None and not proceed(total.sqrt().reshape(())):
+            return total.sqrt().reshape(())
         threshold = 0.0 if max_grad_norm is None else float(max_grad_norm)
         clip = threshold > 0
         l2 = not adam_w_mode

@@ -7,16 +7,27 @@ file and the fix. The apps catch :class:`UserError` alone (:func:`exit_on`): it 
 line on stderr and exit code 2; anything else is a bug and keeps its traceback. The same
 block handles SIGTERM and SIGINT (:mod:`omnibert.stopping`): a stopped run prints one line,
 ``<app>: stopped by SIGTERM at step 137; resume with ckpt_path=last``, and exits with 128 +
-the signal number.
+the signal number. A run that fails during compute for a reason the user can act on
+(:class:`RunFailed`: gradients that stay non-finite, ...) prints one line too, with its own
+exit code. A multi-process run that loses one of its ranks (killed, crashed, or silent past
+``accelerator.timeout_s``) raises :class:`LostRank`: one line naming the rank, exit code
+:data:`EXIT_LOST_RANK`.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from omnibert.stopping import Stopped, handle_stop_signals
+from omnibert.stopping import Stopped, app_name, handle_stop_signals
+
+#: the exit code of a run that lost a rank: sysexits.h's EX_TEMPFAIL ("try again later"),
+#: what it is: the same command with ckpt_path=last goes on from the last checkpoint
+EXIT_LOST_RANK = 75
+
+_REPORTED = threading.Lock()
 
 
 class UserError(ValueError):
@@ -29,6 +40,14 @@ class UserError(ValueError):
 
     def __init__(self, message: object = "", *args: object) -> None:
         super().__init__(_unwrap_worker_message(type(self), message), *args)
+
+
+class RunFailed(Exception):
+    """A run that cannot go on, for a reason the user can act on, found during compute: the
+    message is one sentence naming what happened, what is on disk and the fix; the app
+    exits with :attr:`exit_code` (documented in docs/faults.md) and no traceback."""
+
+    exit_code = 1
 
 
 def _unwrap_worker_message(cls: type, message: object) -> object:
@@ -46,20 +65,54 @@ def _unwrap_worker_message(cls: type, message: object) -> object:
     return f"{where}: {sentence}"  # first: a command ending the sentence stays last
 
 
+class LostRank(Exception):
+    """Another process of a multi-process run died or stopped answering; the message names
+    it (``rank 1 (pid 4242) was lost: killed by SIGKILL; ...``)."""
+
+    exit_code = EXIT_LOST_RANK
+
+
+def report_once(line: str) -> bool:
+    """Print ``line`` on stderr unless this process already reported a lost rank (the thread
+    watching Lightning's child processes and the main thread may both see the loss); whether
+    it printed."""
+    if not _REPORTED.acquire(blocking=False):
+        return False
+    say(line)
+    return True
+
+
+def say(line: str) -> None:
+    """``line`` on stderr in one write: the ranks of a multi-process run share the terminal,
+    and ``print`` writes the text and its newline apart, so two ranks' lines could merge."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def report_lost_rank(message: str) -> bool:
+    """:func:`report_once` of ``<app>: <message>`` (from a thread that is not the app's)."""
+    return report_once(f"{app_name()}: {message}")
+
+
 @contextmanager
 def exit_on(app: str) -> Iterator[None]:
     """Turn a :class:`UserError` raised inside the block into ``<app>: error: <message>`` on
-    stderr and exit code 2, and a stop by SIGTERM or SIGINT (handled inside the block) into
-    ``<app>: stopped by ...`` and exit code 128 + the signal number."""
+    stderr and exit code 2, a :class:`RunFailed` into the same line and its own code, a
+    stop by SIGTERM or SIGINT (handled inside the block) into ``<app>: stopped by ...`` and
+    exit code 128 + the signal number, and a :class:`LostRank` into ``<app>: <message>`` and
+    exit code :data:`EXIT_LOST_RANK`."""
     with handle_stop_signals(app):
         try:
             yield
         except UserError as err:
-            print(f"{app}: error: {err}", file=sys.stderr)
+            say(f"{app}: error: {err}")
             sys.exit(2)
+        except RunFailed as failed:
+            say(f"{app}: error: {failed}")
+            sys.exit(failed.exit_code)
         except Stopped as stop:
-            # one write: the ranks of a multi-process run share stderr, and print() writes the
-            # newline apart, so two ranks' lines would run into one
-            sys.stderr.write(f"{app}: {stop.message}\n")
-            sys.stderr.flush()
+            say(f"{app}: {stop.message}")
             sys.exit(stop.exit_code)
+        except LostRank as lost:
+            report_once(f"{app}: {lost}")
+            sys.exit(lost.exit_code)

@@ -53,6 +53,7 @@ from typing import Any
 __all__ = [
     "SIGNALS",
     "Stopped",
+    "app_name",
     "at_safe_points",
     "check",
     "deadline",
@@ -268,6 +269,12 @@ def deadline(signum: int) -> None:
     of this process's own: a real one arriving later is still its first."""
     if _STATE.watchdog is not None and _STATE.pid == os.getpid():
         _STATE.watchdog.start(signum)
+
+
+def app_name() -> str:
+    """The app whose run this process is (``omnibert`` outside one): for lines printed from
+    other threads."""
+    return _STATE.app
 
 
 def pending() -> int | None:

@@ -35,6 +35,9 @@ class AcceleratorPlugin:
         num_nodes: nodes; the batch arithmetic's world size is ``devices * num_nodes``.
         strategy: a Lightning strategy name (``auto``, ``ddp``, ``fsdp``, ...).
         accelerator: the Lightning accelerator name this plugin passes to the Trainer.
+        timeout_s: seconds a collective of a multi-process run waits for the other ranks
+            before the run ends naming the rank that stopped answering (the process-group
+            timeout, :mod:`omnibert.accelerators.ddp`).
     """
 
     name = "base"
@@ -52,6 +55,7 @@ class AcceleratorPlugin:
         num_nodes: int = 1,
         strategy: str = "auto",
         accelerator: str | None = None,
+        timeout_s: float = 300,
     ) -> None:
         for key, value in (("devices", devices), ("num_nodes", num_nodes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -59,8 +63,14 @@ class AcceleratorPlugin:
                     f"accelerator.{key}={value!r} must be a positive integer, e.g. "
                     f"accelerator.{key}=1."
                 )
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+            raise AcceleratorError(
+                f"accelerator.timeout_s={timeout_s!r} must be a positive number of seconds, "
+                "e.g. accelerator.timeout_s=300."
+            )
         self.devices = devices
         self.num_nodes = num_nodes
+        self.timeout_s = float(timeout_s)
         self.strategy = strategy
         self.accelerator = accelerator or self.name
 
@@ -240,8 +250,10 @@ class AcceleratorPlugin:
     def environment(self) -> dict[str, Any]:
         """Versions, devices found and SDKs present (``omnibert.accelerators.environment``)."""
         from omnibert.accelerators.environment import environment_report
+        from omnibert.accelerators.launchers import detect_launcher
 
-        return environment_report(self.describe(), self.devices_found())
+        launch = detect_launcher(self.devices, self.num_nodes)
+        return environment_report(self.describe(), self.devices_found(), launch)
 
     def devices_found(self) -> dict[str, Any]:
         """What this backend sees here: ``{"kind", "count", "names"}``."""
@@ -262,4 +274,5 @@ class AcceleratorPlugin:
             "devices": self.devices,
             "num_nodes": self.num_nodes,
             "strategy": self.strategy,
+            "timeout_s": self.timeout_s,
         }

@@ -44,13 +44,14 @@ class CPUPlugin(AcceleratorPlugin):
         num_nodes: int = 1,
         strategy: str = "auto",
         accelerator: str | None = None,
+        timeout_s: float = 300,
         compile: bool = False,
         compile_options: dict[str, Any] | None = None,
         threads: int | None = None,
         omp_wait_policy: str | None = "passive",
         allow_slow_bf16: bool = False,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):
@@ -99,8 +100,10 @@ class CPUPlugin(AcceleratorPlugin):
 
     def trainer_kwargs(self, precision: str) -> dict[str, Any]:
         kwargs = super().trainer_kwargs(precision)
-        if self.strategy == "auto" and self.world_size > 1:
-            kwargs["strategy"] = "ddp"  # gloo on CPU
+        if self.world_size > 1 and self.strategy in ("auto", "ddp"):
+            from omnibert.accelerators.ddp import ddp_strategy
+
+            kwargs["strategy"] = ddp_strategy(self.timeout_s)  # gloo on CPU
         return kwargs
 
     def compile_model(self, model: nn.Module) -> nn.Module:

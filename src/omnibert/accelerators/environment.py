@@ -69,13 +69,20 @@ def host_report() -> dict[str, Any]:
 
 
 def environment_report(
-    accelerator: Mapping[str, Any], devices_found: Mapping[str, Any]
+    accelerator: Mapping[str, Any], devices_found: Mapping[str, Any], launch: Any = None
 ) -> dict[str, Any]:
-    """Everything about where this run runs: the plugin's settings (its ``describe()``) and
-    the devices it found (its ``devices_found()``), library versions, SDKs and the host."""
+    """Everything about where this run runs: the plugin's settings (its ``describe()``), the
+    devices it found (its ``devices_found()``), the launcher that started this process
+    (:func:`omnibert.accelerators.launchers.detect_launcher`), library versions, SDKs and the
+    host."""
+    launcher = None
+    if launch is not None:
+        devices, nodes = int(accelerator["devices"]), int(accelerator["num_nodes"])
+        launcher = {**launch.to_dict(), "text": launch.describe(devices, nodes)}
     return {
         "accelerator": dict(accelerator),
         "devices_found": dict(devices_found),
+        "launcher": launcher,
         "versions": {name: _version(name) for name in VERSIONS},
         "sdks": sdk_report(),
         "host": host_report(),
@@ -93,6 +100,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"  accelerator   {acc['accelerator']} × {acc['devices']} device(s) × "
         f"{acc['num_nodes']} node(s), strategy {acc['strategy']}",
+        f"  launcher      {(report.get('launcher') or {}).get('text', 'single process')}",
         f"  devices found {found.get('count')} {found.get('kind', '')}: "
         + ", ".join(str(n) for n in found.get("names", [])[:4]),
         f"  versions      {versions}",

@@ -16,6 +16,7 @@ over the shards' ranks (the task hands it FSDP's process group: :mod:`omnibert.o
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -63,12 +64,13 @@ class GPUPlugin(AcceleratorPlugin):
         num_nodes: int = 1,
         strategy: str = "auto",
         accelerator: str | None = "cuda",
+        timeout_s: float = 300,
         compile: bool = True,
         compile_options: dict[str, Any] | None = None,
         fsdp: dict[str, Any] | None = None,
         cuda_graphs: bool = False,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
         self.compile = bool(compile)
         self.cuda_graphs = bool(cuda_graphs)
         self.compile_options = compile_settings(
@@ -117,8 +119,10 @@ class GPUPlugin(AcceleratorPlugin):
                 f"trainer.precision={precision} needs a GPU with bf16 (Ampere or newer); use "
                 "trainer=fp16 (16-mixed) on this GPU."
             )
-        if self.strategy == "auto" and self.world_size > 1:
-            kwargs["strategy"] = "ddp"
+        if self.world_size > 1 and self.strategy in ("auto", "ddp"):
+            from omnibert.accelerators.ddp import ddp_strategy
+
+            kwargs["strategy"] = ddp_strategy(self.timeout_s)
         elif self.strategy == "fsdp":
             kwargs["strategy"] = self._fsdp_strategy()
         return kwargs
@@ -126,6 +130,7 @@ class GPUPlugin(AcceleratorPlugin):
     def _fsdp_strategy(self) -> Any:
         from lightning.pytorch.strategies import FSDPStrategy
 
+        from omnibert.accelerators.ddp import mpi_environment
         from omnibert.models.bert import BertLayer
 
         options = dict(self.fsdp)
@@ -134,6 +139,8 @@ class GPUPlugin(AcceleratorPlugin):
             auto_wrap_policy={BertLayer},
             activation_checkpointing_policy={BertLayer} if checkpointing else None,
             use_orig_params=True,
+            timeout=timedelta(seconds=self.timeout_s),
+            cluster_environment=mpi_environment(),
             **options,
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -52,12 +53,13 @@ class HPUPlugin(AcceleratorPlugin):
         num_nodes: int = 1,
         strategy: str = "auto",
         accelerator: str | None = None,
+        timeout_s: float = 300,
         mode: str = "lazy",
         compile: bool = False,
         hpu_graphs: bool = False,
         max_graphs: int = 10,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
         if mode not in ("lazy", "eager"):
             raise AcceleratorError(f"accelerator.mode={mode!r} must be lazy or eager.")
         if compile and mode == "lazy":
@@ -119,9 +121,13 @@ class HPUPlugin(AcceleratorPlugin):
         from lightning_habana.pytorch.plugins import HPUPrecisionPlugin
         from lightning_habana.pytorch.strategies import HPUParallelStrategy, SingleHPUStrategy
 
+        from omnibert.accelerators.ddp import mpi_environment
+
         if self.world_size > 1 or self.strategy in ("ddp", "hpu_parallel"):
             strategy: Any = HPUParallelStrategy(
-                parallel_devices=[torch.device("hpu")] * self.devices
+                parallel_devices=[torch.device("hpu")] * self.devices,
+                timeout=timedelta(seconds=self.timeout_s),
+                cluster_environment=mpi_environment(),
             )
         else:
             strategy = SingleHPUStrategy()

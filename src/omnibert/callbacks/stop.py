@@ -43,7 +43,6 @@ import copy
 import os
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -51,6 +50,7 @@ import torch
 
 from omnibert import stopping
 from omnibert.callbacks.checkpoint import CompletedBatchProgress
+from omnibert.callbacks.saving import save_now
 from omnibert.tasks.pretraining import collect_rng_states, restore_rng_states
 
 __all__ = ["SignalAtStepEnd", "StopAtSafePoint"]
@@ -226,20 +226,9 @@ class StopAtSafePoint(SignalAtStepEnd):
     def _save(self, trainer: pl.Trainer) -> str | None:
         """The checkpoint of this step through the checkpoint callback (none written when it
         saved this step already); its path, or None without a checkpoint callback."""
-        checkpointing: Any = trainer.checkpoint_callback
         self._writing = True
         try:
-            if checkpointing is not None and getattr(checkpointing, "save_last", False):
-                if getattr(checkpointing, "_last_global_step_saved", -1) != trainer.global_step:
-                    candidates = checkpointing._monitor_candidates(trainer)
-                    checkpointing._save_topk_checkpoint(trainer, candidates)
-                    checkpointing._save_last_checkpoint(trainer, candidates)
-                self.checkpoint = checkpointing.last_model_path or None
-            elif checkpointing is not None:  # no last.ckpt of its own (fine-tuning: final.ckpt)
-                dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
-                path = Path(str(dirpath)) / "last.ckpt"
-                trainer.save_checkpoint(path)
-                checkpointing.last_model_path = self.checkpoint = str(path)
+            self.checkpoint = save_now(trainer)
         finally:
             self._writing = False
         return self.checkpoint

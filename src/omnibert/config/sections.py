@@ -78,19 +78,37 @@ class Accelerator:
     node: Node
     devices: int
     num_nodes: int
+    #: seconds a collective waits for the other ranks (the process-group timeout)
+    timeout_s: float = 300.0
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Accelerator:
-        return cls(Node(values, "accelerator"), int(values["devices"]), int(values["num_nodes"]))
+        timeout = values.get("timeout_s", 300)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(
+                f"accelerator.timeout_s={timeout!r} must be a positive number of seconds; "
+                "fix accelerator.timeout_s (e.g. 300)."
+            )
+        return cls(
+            Node(values, "accelerator"), int(values["devices"]), int(values["num_nodes"]),
+            float(timeout),
+        )  # fmt: skip
 
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
 
 
+#: what ``trainer.nonfinite`` may be (docs/faults.md#non-finite-losses-and-gradients)
+NONFINITE_POLICIES = ("skip", "stop")
+#: ``trainer`` keys that are omnibert's, not Lightning's: kept out of the Trainer's arguments
+OMNIBERT_TRAINER_KEYS = ("nonfinite", "nonfinite_max_consecutive", "stop_within_s")
+
+
 @dataclass(frozen=True)
 class Trainer:
-    """``trainer``: Lightning's Trainer node and the keys the run reads from it."""
+    """``trainer``: Lightning's Trainer node (without omnibert's own keys), the keys the run
+    reads from it, and the policy for steps whose gradients are not finite."""
 
     node: Node
     precision: str
@@ -99,13 +117,26 @@ class Trainer:
     enable_progress_bar: bool
     log_every_n_steps: int | None
     profiler: Any
-    #: seconds from SIGTERM / SIGINT to the end of the process (omnibert's, not Lightning's:
-    #: kept out of ``node``, whose keys are the Trainer's arguments)
+    nonfinite: str = "skip"
+    nonfinite_max_consecutive: int = 10
+    #: seconds from SIGTERM / SIGINT to the end of the process
     stop_within_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(
+                f"trainer.nonfinite={self.nonfinite!r} is not one of {', '.join(NONFINITE_POLICIES)}; "
+                "fix trainer.nonfinite."
+            )
+        if not positive_int(self.nonfinite_max_consecutive):
+            raise ConfigError(
+                f"trainer.nonfinite_max_consecutive={self.nonfinite_max_consecutive!r} must be "
+                "an integer of at least 1; fix trainer.nonfinite_max_consecutive."
+            )
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Trainer:
-        lightning = {k: v for k, v in values.items() if k != "stop_within_s"}
+        lightning = {k: v for k, v in values.items() if k not in OMNIBERT_TRAINER_KEYS}
         return cls(
             Node(lightning, "trainer"),
             str(values.get("precision")),
@@ -114,6 +145,8 @@ class Trainer:
             bool(values.get("enable_progress_bar", True)),
             values.get("log_every_n_steps"),
             values.get("profiler"),
+            str(values.get("nonfinite", "skip")),
+            values.get("nonfinite_max_consecutive", 10),
             _seconds("trainer.stop_within_s", values.get("stop_within_s", 20.0)),
         )
 

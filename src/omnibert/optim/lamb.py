@@ -128,6 +128,9 @@ class Lamb(torch.optim.Optimizer):
         self._dtensor_group: Any = None
         self._dtensor_checked = False
         self.last_grad_norm: Tensor | None = None  # global norm before clipping (for logging)
+        #: skip a step whose global gradient norm is not finite (omnibert.optim.nonfinite)
+        self.skip_nonfinite = False
+        self.last_step_skipped = False
         self._broken_impls: set[str] = set()
         self._warmed: set[str] = {"reference", "foreach"}
         if self.exclude_from_layer_adaptation:
@@ -306,6 +309,11 @@ class Lamb(torch.optim.Optimizer):
             return None
         return shard_all_reduce(group, slots, sum(len(g["params"]) for g in self.param_groups))
 
+    def _finite(self, grad_norm: Tensor) -> bool:
+        """Whether the step goes on: its global gradient norm is finite (one read of it)."""
+        self.last_step_skipped = not bool(torch.isfinite(grad_norm))
+        return not self.last_step_skipped
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One LAMB step over every group (gradients after accumulation)."""
@@ -320,21 +328,31 @@ class Lamb(torch.optim.Optimizer):
             name = self.resolve_impl()
         for group in self.param_groups:
             group["step"] = group.get("step", 0) + 1  # per group, even without grads (apex)
+        fresh = [p for g in self.param_groups for p in g["params"] if not self.state.get(p)]
+        self.last_step_skipped = False
         slots = self._slots()
         reduce = self._reducer([i for s in slots for i in s])
         built = [
             self._group_batch(g, native_low_precision=name == "triton") for g in self.param_groups
         ]
+        proceed = self._finite if self.skip_nonfinite else None
         if name == "triton":
             if self._multi_tensor is None:
                 self._multi_tensor = multi_tensor_lamb(chunk_size=self.triton_chunk_size)
             self.last_grad_norm = triton_step(
-                self._multi_tensor, built, reduce, device, self.adam_w_mode, self.max_grad_norm
+                self._multi_tensor,
+                *(built, reduce, device, self.adam_w_mode, self.max_grad_norm, proceed),
             )
         else:
             self.last_grad_norm = staged_step(
-                STAGES[name], built, reduce, device, self.max_grad_norm
+                STAGES[name], built, reduce, device, self.max_grad_norm, proceed
             )
+        if self.last_step_skipped:  # as if the step had not been called
+            for group in self.param_groups:
+                group["step"] -= 1
+            for p in fresh:
+                self.state.pop(p, None)
+            return loss
         for _, copy_back, _ in built:
             for p, work in copy_back:
                 p.copy_(work)

@@ -128,14 +128,18 @@ def staged_step(
     reduce: Callable[[Tensor], None] | None,
     device: torch.device,
     max_grad_norm: float | None,
+    proceed: Callable[[Tensor], bool] | None = None,
 ) -> Tensor:
     """Global norm, stage 1 of every group, (all-reduce), stage 2 of every group; returns
-    the global gradient norm before clipping."""
+    the global gradient norm before clipping. ``proceed`` (where given) sees that norm first:
+    False leaves everything unchanged."""
     norms_fn, apply_fn = stages
     sumsq = grad_sumsq([g for b, _, _ in built for g in b.grads], device)
     if reduce is not None:
         reduce(sumsq)
     grad_norm = sumsq.sqrt().reshape(())
+    if proceed is not None and not proceed(grad_norm):
+        return grad_norm
     inv_clip = inverse_clip_factor(grad_norm, max_grad_norm)
     firsts = [norms_fn(b, inv_clip) if len(b) else (None, None) for b, _, _ in built]
     if reduce is not None:
@@ -158,6 +162,7 @@ def triton_step(
     device: torch.device,
     adam_w_mode: bool,
     max_grad_norm: float | None,
+    proceed: Callable[[Tensor], bool] | None = None,
 ) -> Tensor:
     """Every group in one call of ``kernel`` (a :func:`multi_tensor_lamb`: four Triton
     launches); returns the global gradient norm before clipping."""
@@ -191,5 +196,6 @@ def triton_step(
         max_grad_norm=max_grad_norm,
         mirrors=cols["mirror"],
         all_reduce=reduce,
+        proceed=proceed,
     )
     return norm

@@ -27,6 +27,8 @@ from omegaconf import DictConfig
 
 from omnibert import stopping
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.launchers import check_launch_layout
+from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.data.finetuning import FineTuneDataModule
@@ -104,6 +106,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
     config, recipe = inputs.config, inputs.recipe
     check_target_types(config.target_nodes())
     plugin = build_plugin(config.accelerator.node.plain())
+    check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     precision, why = plugin.resolve_precision(config.trainer.precision)
     plugin.check_precision(precision)
     if plugin.name == "ipu":
@@ -204,6 +207,7 @@ def fit(run: Run) -> dict[str, Any]:
     losses = task.losses()
     tenth = max(1, len(losses) // 10)
     final = Path(run.prepared.config.paths.checkpoint_dir) / "final.ckpt"
+    nonfinite = next(cb for cb in run.callbacks if isinstance(cb, NonFiniteSteps))
     return {
         "steps": trainer.global_step,
         "fit_seconds": round(seconds, 3),
@@ -211,6 +215,7 @@ def fit(run: Run) -> dict[str, Any]:
         "train_loss_last": sum(losses[-tenth:]) / tenth if losses else None,
         "new_keys": run.new_keys,
         "checkpoint": str(final) if final.is_file() else None,
+        **nonfinite.summary(),
     }
 
 

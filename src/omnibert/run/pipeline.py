@@ -18,7 +18,9 @@ from typing import Any
 from lightning.pytorch.callbacks import ProgressBar
 
 from omnibert import stopping
+from omnibert.accelerators.ddp import lost_rank
 from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
+from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.callbacks.progress import select_progress
 from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
 from omnibert.callbacks.stop import StopAtSafePoint
@@ -92,12 +94,18 @@ def quiet_third_party_deprecations() -> None:
 
 def build_callbacks(config: Any, sequences_per_step: float, extra: Iterable[Any] = ()) -> list[Any]:
     """The configured callbacks, then what every run has: the batch counter, the safe stop
-    (SIGTERM / SIGINT: checkpoint the last completed step, then stop), ``extra``, and under a submitit job
-    the checkpoint at its time limit (then a requeue). One way of showing progress: the bar
-    on a terminal, step-counting lines in a log file (:mod:`omnibert.callbacks.progress`)."""
+    (SIGTERM / SIGINT: checkpoint the last completed step, then stop), the non-finite step
+    policy, ``extra``, and under a submitit job the checkpoint at its time limit (then a
+    requeue). One way of showing progress: the bar on a terminal, step-counting lines in a log
+    file (:mod:`omnibert.callbacks.progress`)."""
     callbacks = [node.build() for node in config.callbacks]
-    stop = StopAtSafePoint(within_s=config.trainer.stop_within_s)
-    callbacks += [CompletedBatchProgress(), stop, *extra]
+    trainer = config.trainer
+    callbacks += [
+        CompletedBatchProgress(),
+        StopAtSafePoint(within_s=trainer.stop_within_s),
+        NonFiniteSteps(trainer.nonfinite, trainer.nonfinite_max_consecutive),
+        *extra,
+    ]
     if submitit_signal() is not None:
         callbacks.append(CheckpointOnSignal())
     if not config.trainer.enable_progress_bar:
@@ -146,13 +154,20 @@ def build_trainer(
     )
 
 
+def timeout_s(run: Run) -> float | None:
+    """The run's ``accelerator.timeout_s`` (None for a plugin without one)."""
+    return getattr(run.prepared.plugin, "timeout_s", None)
+
+
 def fit_safely(
     run: Run, finished_context: Callable[[int], str], after: Callable[[], None] | None = None
 ) -> float:
     """``trainer.fit`` from the plan's checkpoint, stopping at the next micro-batch boundary
     on a signal, within ``trainer.stop_within_s`` (:mod:`omnibert.callbacks.stop`); then
     (``after``: e.g. a final validation) the loggers are finished. The requeue file of a
-    finished run goes. Returns the seconds ``fit`` took."""
+    finished run goes. A collective that fails because another rank was lost becomes
+    :class:`~omnibert.errors.LostRank` (one line, no traceback). Returns the seconds ``fit``
+    took."""
     prepared, trainer = run.prepared, run.trainer
     stop = next((cb for cb in run.callbacks if isinstance(cb, StopAtSafePoint)), None)
     within_s = prepared.config.trainer.stop_within_s
@@ -169,6 +184,10 @@ def fit_safely(
             # propagates ("Please call iter(combined_loader) first"): the user's sentence wins
             if isinstance(err.__context__, UserError):
                 raise err.__context__ from None
+            with stopping.at_safe_points():  # the launcher's SIGTERM to the survivors waits
+                lost = lost_rank(err, trainer.global_rank, trainer.world_size, timeout_s(run))
+            if lost is not None:  # a collective failed because another rank is gone
+                raise lost from None
             raise
         seconds = time.perf_counter() - start
         stopping.set_context(finished_context(trainer.global_step))

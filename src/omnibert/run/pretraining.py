@@ -19,12 +19,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks import PretrainingThroughput
 from omnibert.callbacks.mlperf import (
     MLPerfCompliance,
     eval_interval_samples,
     mlperf_hyperparameters,
 )
+from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.models.attention import plan_attention
@@ -84,6 +86,7 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     plugin = build_plugin(config.accelerator.node.plain())
     environment = plugin.environment()
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(config.optimizer)  # an optimiser this backend cannot run
     precision, why = plugin.resolve_precision(config.trainer.precision)
     plugin.check_precision(precision)
@@ -307,6 +310,7 @@ def fit(run: Run) -> dict[str, Any]:
     seconds = fit_safely(run, finished, validate_at_the_end)
     throughput = next((cb for cb in run.callbacks if isinstance(cb, PretrainingThroughput)), None)
     mlperf = next((cb for cb in run.callbacks if isinstance(cb, MLPerfCompliance)), None)
+    nonfinite = next(cb for cb in run.callbacks if isinstance(cb, NonFiniteSteps))
     return {
         "run_name": prepared.config.run_name,
         "steps": trainer.global_step,
@@ -314,6 +318,7 @@ def fit(run: Run) -> dict[str, Any]:
         "validation": task.last_validation,
         **majority_baselines(task.last_validation),
         "throughput": throughput.summary() if throughput is not None else {},
+        **nonfinite.summary(),
         **({"mlperf": mlperf.summary()} if mlperf is not None else {}),
         "checkpoint_dir": plan.checkpoint_dir,
         "last_checkpoint": str(last_ckpt) if last_ckpt.is_file() else None,

@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from omnibert.optim.build import build_optimizer, build_schedule
+from omnibert.optim.nonfinite import skipped
 from omnibert.optim.sharding import attach_shard_group
 
 __all__ = ["TrainingTask", "plain"]
@@ -42,6 +43,18 @@ class TrainingTask(pl.LightningModule):
 
     def configured_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Called with the optimiser once it is built (a task adds its own setup)."""
+
+    def last_step_loss(self) -> float | None:
+        """The mean loss of the last optimiser step's micro-batches, where the task keeps it
+        (read only when a step went wrong: it costs a host read)."""
+        return None
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step the schedule, except after an optimiser step skipped for non-finite
+        gradients (:mod:`omnibert.optim.nonfinite`): the schedule stays where it was."""
+        if skipped(getattr(scheduler, "optimizer", None)):
+            return
+        super().lr_scheduler_step(scheduler, metric)
 
     def configure_optimizers(self) -> Any:
         if self.hparams["optimizer"] is None:

@@ -117,6 +117,10 @@ class FineTuningTask(TrainingTask):
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
+    def last_step_loss(self) -> float | None:
+        """The last micro-batch's loss (read when a step went wrong)."""
+        return float(self.train_losses[-1]) if self.train_losses else None
+
     def losses(self) -> list[float]:
         """Every training micro-batch's loss so far, as floats (one host sync)."""
         if not self.train_losses:

@@ -193,6 +193,7 @@ class PretrainingTask(TrainingTask):
         self.clipper: MicroBatchClipper | None = None
         self.last_validation: dict[str, float] | None = None
         self._train_sums: Tensor | None = None
+        self._step_sums: Tensor | None = None  # the last optimiser step's
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
@@ -213,6 +214,7 @@ class PretrainingTask(TrainingTask):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         sums, self._train_sums = self._train_sums, None
+        self._step_sums = sums
         every = int(getattr(self.trainer, "log_every_n_steps", 0))
         if sums is None or every <= 0 or (self.trainer.global_step + 1) % every:
             return
@@ -236,6 +238,13 @@ class PretrainingTask(TrainingTask):
         }
         self.log("train/loss", s["loss"] / s["n"], on_step=True, on_epoch=False, prog_bar=True)
         self.log_dict(metrics, on_step=True, on_epoch=False)
+
+    def last_step_loss(self) -> float | None:
+        sums = self._step_sums
+        if sums is None:
+            return None
+        s = dict(zip(TRAIN_STATS, sums.tolist(), strict=True))
+        return s["loss"] / max(s["n"], 1.0)
 
     # ------------------------------------------------------------------ validation
     def _val_sum(self, name: str) -> SumMetric:
