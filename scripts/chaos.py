@@ -24,7 +24,7 @@ step on). It prints the faults by kind, resumes, steps lost (trained again after
 hangs, the seconds each stop took and the verdict: PASS only if the weights are bitwise
 equal and both memory ratios are at most 1.05. The record goes to ``<results-dir>/chaos.json``.
 
-    .venv/bin/python scripts/chaos.py --steps 1000 --faults 12 --seed 0 --results-dir docs/benchmarks
+    .venv/bin/python scripts/chaos.py --steps 1000 --faults 12 --seed 10 --results-dir docs/benchmarks
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("SIGTERM rank", "SIGTERM group", "SIGKILL rank", "SIGKILL group")
 STEP = re.compile(r"^omnibert-train: step (\d+)/")
-STOP = re.compile(r"omnibert-train: (stopped by .*|did not .*|second .*)$")
+#: the line a run ends with: a stop, its deadline, a second signal, a lost rank
+STOP = re.compile(
+    r"omnibert-train: (stopped by .*|did not .*|second .*|rank \d.*(lost|responding).*)$"
+)
 MEMORY_AT = 100  # steps into a segment where its memory is first sampled
 
 
