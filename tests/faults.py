@@ -61,8 +61,9 @@ class KillAtStep(pl.Callback):
 
 class HoldWhenStopping(pl.Callback):
     """Once SIGTERM / SIGINT asked the run to stop (:func:`omnibert.stopping.pending`), make
-    the current optimiser step last ``seconds`` longer before the safe point that would end
-    it, announcing it on stderr: a step long enough for a second signal to arrive in it."""
+    the current micro-batch last ``seconds`` longer before the safe point that would end
+    it, announcing it on stderr: a micro-batch long enough for a second signal to arrive in
+    it (give the run a ``trainer.stop_within_s`` longer than ``seconds``)."""
 
     def __init__(self, seconds: float = 120.0) -> None:
         super().__init__()
@@ -76,6 +77,100 @@ class HoldWhenStopping(pl.Callback):
             import time
 
             time.sleep(self.seconds)
+
+
+class PauseAtMicroBatch(pl.Callback):
+    """In a run that starts before optimiser step ``step``, wait at the end of micro-batch
+    ``micro_batch`` of that step until SIGTERM / SIGINT arrives, announcing it on stderr
+    (``PauseAtMicroBatch: waiting at micro-batch 7 of step 2``), so that a test sends its
+    signal at a known micro-batch; then hold that micro-batch ``hold_s`` seconds longer (a
+    micro-batch that outlasts ``trainer.stop_within_s``). With ``in_write``, the hold happens
+    instead inside the next checkpoint write (while its temporary file is open): a write
+    that outlasts the deadline. Fails after ``timeout_s`` without a signal."""
+
+    def __init__(
+        self, step: int, micro_batch: int, hold_s: float = 0.0, in_write: bool = False,
+        timeout_s: float = 600.0,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.step, self.micro_batch, self.hold_s = step, micro_batch, hold_s
+        self.in_write, self.timeout_s = in_write, timeout_s
+        self._armed = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._armed = trainer.global_step < self.step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        import time
+
+        from omnibert import stopping
+
+        batch_idx = args[-1]
+        accumulate = int(trainer.accumulate_grad_batches)
+        here = (
+            trainer.global_step + 1 == self.step and batch_idx % accumulate + 1 == self.micro_batch
+        )
+        if not (self._armed and here):
+            return
+        self._armed = False
+        print(f"PauseAtMicroBatch: waiting at micro-batch {self.micro_batch} of step {self.step}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        deadline = time.monotonic() + self.timeout_s
+        while not stopping.pending():
+            if time.monotonic() > deadline:
+                raise RuntimeError("PauseAtMicroBatch: no signal came")
+            time.sleep(0.01)
+        if self.hold_s and not self.in_write:
+            print("PauseAtMicroBatch: holding the micro-batch", file=sys.stderr, flush=True)
+            time.sleep(self.hold_s)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        from omnibert import stopping
+
+        if self.in_write and stopping.pending():
+            checkpoint["pause_at_micro_batch"] = _SlowToPickle(self.hold_s)
+
+
+class PauseInValidation(pl.Callback):
+    """Wait at the end of validation batch ``batch`` of the validation after optimiser step
+    ``step`` until SIGTERM / SIGINT arrives, announcing it on stderr
+    (``PauseInValidation: waiting at validation batch 1 after step 3``)."""
+
+    def __init__(self, step: int, batch: int = 1, timeout_s: float = 600.0) -> None:
+        super().__init__()
+        self.step, self.batch, self.timeout_s = step, batch, timeout_s
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        import time
+
+        from omnibert import stopping
+
+        batch_idx = args[-1] if args else kwargs["batch_idx"]
+        if trainer.global_step != self.step or batch_idx + 1 != self.batch:
+            return
+        print(f"PauseInValidation: waiting at validation batch {self.batch} after step "
+              f"{self.step}", file=sys.stderr, flush=True)  # fmt: skip
+        deadline = time.monotonic() + self.timeout_s
+        while not stopping.pending():
+            if time.monotonic() > deadline:
+                raise RuntimeError("PauseInValidation: no signal came")
+            time.sleep(0.01)
+
+
+class _SlowToPickle:
+    """An object whose pickling (inside ``torch.save``, with the file open) takes ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import time
+
+        print("PauseAtMicroBatch: holding the checkpoint write", file=sys.stderr, flush=True)
+        time.sleep(self.seconds)
+        return (int, (0,))
 
 
 class HoldUntilSignalled(pl.Callback):

@@ -271,6 +271,8 @@ def test_type_errors_are_reported_when_composing_with_the_key(override, words):
         ("phase.lr.lamb=-1", "phase.lr.lamb=-1.0 must be positive"),
         ("micro_batch_size=0", "micro_batch_size=0 must be at least 1"),
         ("val_every_n_steps=0", "val_every_n_steps=0 must be at least 1"),
+        ("trainer.stop_within_s=0", "trainer.stop_within_s=0 must be a number of seconds above 0"),
+        ("trainer.stop_within_s=soon", "trainer.stop_within_s='soon' is not a number of seconds"),
     ],
 )
 def test_range_errors_stop_before_compute_naming_the_key(tmp_path, capsys, override, words):

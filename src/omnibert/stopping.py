@@ -6,8 +6,14 @@ SIGINT. While an app runs (:func:`handle_stop_signals`, entered by
 
 * inside a safe-point section (:func:`at_safe_points`: the training loop, whose callback
   :class:`omnibert.callbacks.stop.StopAtSafePoint` looks at :func:`pending` after each
-  optimiser step), the work goes on to the next safe point, which then raises
-  :class:`Stopped` itself (training writes its checkpoint first);
+  micro-batch), the work goes on to the next safe point, which then raises
+  :class:`Stopped` itself (training writes its checkpoint first). A section may bound that
+  wait (``within_s``, ``trainer.stop_within_s`` for training): a watchdog thread, woken by
+  the signal, ends the process with exit code ``128 + signal number`` and one line of the
+  section's (``late``) when the process has not ended by then (a micro-batch or a checkpoint
+  write longer than the bound); whatever a killed writer left is a temporary file, never a
+  torn checkpoint. A Python thread needs the interpreter lock, so a C call that holds it
+  (rare: torch releases it) delays the watchdog until it returns;
 * anywhere else (checks, setup, a final validation, data preparation), :class:`Stopped`
   is raised at once, like ``KeyboardInterrupt`` but for both signals and never swallowed
   by an ``except Exception``.
@@ -39,7 +45,7 @@ import mmap
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import Any
@@ -50,6 +56,7 @@ __all__ = [
     "app_name",
     "at_safe_points",
     "check",
+    "deadline",
     "handle_stop_signals",
     "ignore_in_worker",
     "pending",
@@ -91,6 +98,7 @@ class _State:
         self.context = ""  # where a stop outside a safe point leaves the run
         self.safe_point = "the next safe point"  # what the innermost section waits for
         self.previous: dict[int, Any] = {}
+        self.watchdog: _Watchdog | None = None  # the innermost bounded section's
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.pid:  # a forked child before it set its own handlers
@@ -101,12 +109,57 @@ class _State:
             os._exit(128 + signum)
         self.signum = signum
         if self.safe_points:
+            if self.watchdog is not None:
+                self.watchdog.start(signum)
             _say(
                 f"{self.app}: {name} received: stopping at {self.safe_point} (send it again "
                 "to stop at once).\n"
             )
             return
         raise Stopped(signum, self.context)
+
+
+class _Watchdog:
+    """A thread that, once :meth:`start`'ed by a stop, ends the process ``within_s`` seconds
+    later unless :meth:`cancel` (the section ended normally, or the app printed its stop line)
+    came first: it writes ``<app>: <late()>`` and calls ``os._exit(128 + signum)``. The thread
+    starts with its section and waits on an event, so the signal handler only sets that event
+    (starting a thread from a handler could deadlock on the interpreter's thread locks)."""
+
+    def __init__(self, app: str, within_s: float, late: Callable[[], str] | None) -> None:
+        self.app, self.within_s, self.late = app, float(within_s), late
+        self.signum: int | None = None
+        self._woken = threading.Event()
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="omnibert-stop-deadline",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def start(self, signum: int) -> None:
+        """Start the countdown (once; a later call changes nothing)."""
+        if self.signum is None:
+            self.signum = signum
+            self._woken.set()
+
+    @property
+    def running(self) -> bool:
+        return self.signum is not None and not self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._woken.set()
+
+    def _watch(self) -> None:
+        self._woken.wait()
+        if self._cancelled.wait(self.within_s) or self.signum is None:
+            return
+        try:
+            line = self.late() if self.late is not None else ""
+        except Exception as err:  # the process ends anyway: say why the line is missing
+            line = f"(no stop line: {type(err).__name__}: {err})"
+        line = line or f"did not stop within {self.within_s:g} s; stopping at once"
+        _say(f"{self.app}: {line}\n")
+        os._exit(128 + self.signum)
 
 
 _STATE = _State()
@@ -155,6 +208,9 @@ def handle_stop_signals(app: str) -> Iterator[None]:
     finally:
         state.depth -= 1
         if outer:
+            if state.watchdog is not None:  # the app said how it stopped: no deadline left
+                state.watchdog.cancel()
+                state.watchdog = None
             _HANDLING[0] = 0
             for number, handler in state.previous.items():
                 if _ours(signal.getsignal(number)):
@@ -175,18 +231,44 @@ def install(signum: int) -> Any:
 
 
 @contextmanager
-def at_safe_points(what: str = "the end of the current optimiser step") -> Iterator[None]:
+def at_safe_points(
+    what: str = "the next micro-batch boundary",
+    within_s: float | None = None,
+    late: Callable[[], str] | None = None,
+) -> Iterator[None]:
     """Within the block a signal is only noted (and acknowledged: stopping at ``what``); the
-    code checks :func:`pending` at its safe points and raises :class:`Stopped` there."""
+    code checks :func:`pending` at its safe points and raises :class:`Stopped` there. With
+    ``within_s``, a stop must end the process within that many seconds of the signal (or of
+    :func:`deadline`): otherwise ``<app>: <late()>`` and exit code 128 + the signal number
+    (module docstring). The deadline outlives the block when a stop is under way (the
+    :class:`Stopped` it raised still has to reach the app's line) and ends with the app's
+    :func:`handle_stop_signals` block."""
     state = _STATE
-    outer_what = state.safe_point
+    outer_what, outer_watchdog = state.safe_point, state.watchdog
     state.safe_points += 1
     state.safe_point = what
+    watchdog = None
+    if within_s is not None and state.depth and state.pid == os.getpid():
+        watchdog = state.watchdog = _Watchdog(state.app, within_s, late)
     try:
         yield
     finally:
         state.safe_points -= 1
         state.safe_point = outer_what
+        if watchdog is not None:
+            if watchdog.running:  # a stop is under way: its deadline holds until the app ends
+                state.watchdog = watchdog
+            else:
+                watchdog.cancel()
+                state.watchdog = outer_watchdog
+
+
+def deadline(signum: int) -> None:
+    """Start the bounded section's deadline for a stop this process learned of from another
+    one (a signal to one rank of several): every rank then ends in bounded time. Not a signal
+    of this process's own: a real one arriving later is still its first."""
+    if _STATE.watchdog is not None and _STATE.pid == os.getpid():
+        _STATE.watchdog.start(signum)
 
 
 def app_name() -> str:

@@ -158,7 +158,7 @@ class Accelerator:
 #: what ``trainer.nonfinite`` may be (docs/faults.md#non-finite-losses-and-gradients)
 NONFINITE_POLICIES = ("skip", "stop")
 #: ``trainer`` keys that are omnibert's, not Lightning's: kept out of the Trainer's arguments
-OMNIBERT_TRAINER_KEYS = ("nonfinite", "nonfinite_max_consecutive")
+OMNIBERT_TRAINER_KEYS = ("nonfinite", "nonfinite_max_consecutive", "stop_within_s")
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,8 @@ class Trainer:
     profiler: Any
     nonfinite: str = "skip"
     nonfinite_max_consecutive: int = 10
+    #: seconds from SIGTERM / SIGINT to the end of the process
+    stop_within_s: float = 20.0
 
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_POLICIES:
@@ -201,7 +203,17 @@ class Trainer:
             values.get("profiler"),
             str(values.get("nonfinite", "skip")),
             values.get("nonfinite_max_consecutive", 10),
+            _seconds("trainer.stop_within_s", values.get("stop_within_s", 20.0)),
         )
+
+
+def _seconds(key: str, value: Any) -> float:
+    """A number of seconds above 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r} is not a number of seconds; fix {key}.")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{key}={value!r} must be a number of seconds above 0; fix {key}.")
+    return float(value)
 
 
 @dataclass(frozen=True)

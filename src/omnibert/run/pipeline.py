@@ -95,14 +95,15 @@ def quiet_third_party_deprecations() -> None:
 
 def build_callbacks(config: Any, sequences_per_step: float, extra: Iterable[Any] = ()) -> list[Any]:
     """The configured callbacks, then what every run has: the batch counter, the safe stop
-    (SIGTERM / SIGINT: checkpoint this step, then stop), the non-finite step policy, ``extra``, and under a submitit job
-    the checkpoint at its time limit (then a requeue). One way of showing progress: the bar
-    on a terminal, step-counting lines in a log file (:mod:`omnibert.callbacks.progress`)."""
+    (SIGTERM / SIGINT: checkpoint the last completed step, then stop), the non-finite step
+    policy, ``extra``, and under a submitit job the checkpoint at its time limit (then a
+    requeue). One way of showing progress: the bar on a terminal, step-counting lines in a log
+    file (:mod:`omnibert.callbacks.progress`)."""
     callbacks = [node.build() for node in config.callbacks]
     trainer = config.trainer
     callbacks += [
         CompletedBatchProgress(),
-        StopAtSafePoint(),
+        StopAtSafePoint(within_s=trainer.stop_within_s),
         NonFiniteSteps(trainer.nonfinite, trainer.nonfinite_max_consecutive),
         *extra,
     ]
@@ -162,18 +163,22 @@ def timeout_s(run: Run) -> float | None:
 def fit_safely(
     run: Run, finished_context: Callable[[int], str], after: Callable[[], None] | None = None
 ) -> float:
-    """``trainer.fit`` from the plan's checkpoint, stopping at the end of an optimiser step
-    on a signal; then (``after``: e.g. a final validation) the loggers are finished. The
-    requeue file of a finished run goes. A loader worker that dies ends the run with one
-    sentence (:class:`~omnibert.data.loader_workers.LoaderWorkerDied`, exit code 71) naming
-    the checkpoint to resume from; a collective that fails because another rank was lost
-    becomes :class:`~omnibert.errors.LostRank` (one line, no traceback). Returns the seconds
-    ``fit`` took."""
+    """``trainer.fit`` from the plan's checkpoint, stopping at the next micro-batch boundary
+    on a signal, within ``trainer.stop_within_s`` (:mod:`omnibert.callbacks.stop`); then
+    (``after``: e.g. a final validation) the loggers are finished. The requeue file of a
+    finished run goes. A loader worker that dies ends the run with one sentence
+    (:class:`~omnibert.data.loader_workers.LoaderWorkerDied`, exit code 71) naming the
+    checkpoint to resume from; a collective that fails because another rank was lost becomes
+    :class:`~omnibert.errors.LostRank` (one line, no traceback). Returns the seconds ``fit``
+    took."""
     prepared, trainer = run.prepared, run.trainer
     checkpoint_dir = prepared.config.paths.checkpoint_dir
+    stop = next((cb for cb in run.callbacks if isinstance(cb, StopAtSafePoint)), None)
+    within_s = prepared.config.trainer.stop_within_s
     start = time.perf_counter()
     try:
-        with stopping.at_safe_points():  # a signal stops at the end of an optimiser step
+        late = None if stop is None else stop.late_line
+        with stopping.at_safe_points(within_s=within_s, late=late):
             trainer.fit(run.task, datamodule=prepared.datamodule, ckpt_path=prepared.plan.ckpt_path)
         seconds = time.perf_counter() - start
         stopping.set_context(finished_context(trainer.global_step))
