@@ -162,6 +162,10 @@ def main() -> None:
         params = run(args.steps, impl, loss_scale)
         if dist.get_rank() == 0:
             torch.save(params, f"{args.out_dir}/{case}.pt")
+    # both ranks leave together: a rank that tears gloo down while the other still writes
+    # can abort in gloo's teardown (seen once under a loaded full suite: SIGABRT, "terminate
+    # called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
