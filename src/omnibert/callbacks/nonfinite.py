@@ -71,12 +71,12 @@ class NonFiniteSteps(pl.Callback):
         if step == self._step:  # inside an accumulation
             return
         self._step = step
-        every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
         if not any(skipped(o) for o in trainer.optimizers):
             self.consecutive = 0
         else:
             self._skipped(trainer, pl_module, step)
-        if every > 0 and step % every == 0:
+        every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
+        if trainer.loggers and every > 0 and step % every == 0:  # (log() costs ~0.3 ms)
             pl_module.log("train/nonfinite_steps", float(self.skipped_steps), on_step=True)
 
     def _skipped(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:

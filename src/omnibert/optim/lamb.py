@@ -131,6 +131,7 @@ class Lamb(torch.optim.Optimizer):
         #: skip a step whose global gradient norm is not finite (omnibert.optim.nonfinite)
         self.skip_nonfinite = False
         self.last_step_skipped = False
+        self._fresh: list[Tensor] = []
         self._broken_impls: set[str] = set()
         self._warmed: set[str] = {"reference", "foreach"}
         if self.exclude_from_layer_adaptation:
@@ -242,6 +243,7 @@ class Lamb(torch.optim.Optimizer):
             state = self.state[p]
             low_precision = p.dtype in (torch.float16, torch.bfloat16)
             if not state:  # DTensor state for DTensor parameters (FSDP2's state dicts)
+                self._fresh.append(p)
                 state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
                 if low_precision and self.master_weights:
@@ -328,7 +330,7 @@ class Lamb(torch.optim.Optimizer):
             name = self.resolve_impl()
         for group in self.param_groups:
             group["step"] = group.get("step", 0) + 1  # per group, even without grads (apex)
-        fresh = [p for g in self.param_groups for p in g["params"] if not self.state.get(p)]
+        self._fresh = []  # the tensors whose state this step creates (removed on a skip)
         self.last_step_skipped = False
         slots = self._slots()
         reduce = self._reducer([i for s in slots for i in s])
@@ -350,7 +352,7 @@ class Lamb(torch.optim.Optimizer):
         if self.last_step_skipped:  # as if the step had not been called
             for group in self.param_groups:
                 group["step"] -= 1
-            for p in fresh:
+            for p in self._fresh:
                 self.state.pop(p, None)
             return loss
         for _, copy_back, _ in built:
