@@ -40,6 +40,7 @@ import torch
 from filelock import FileLock
 from test_ddp import SMOKE
 from test_signals import TIMEOUT, Run
+from test_signals import started as started_in
 from training_state import assert_same_training_state, load_state
 
 from omnibert.apps.train import run_or_exit
@@ -84,21 +85,10 @@ def _command(launcher: str, root: Path, name: str, *extra: str) -> list[str]:
 
 @contextlib.contextmanager
 def started(command: list[str], tmp_path: Path, name: str) -> Iterator[Run]:
-    """A run in its own session; afterwards nothing of it is left (torchrun's workers have
-    sessions of their own: SIGTERM to torchrun ends them, then SIGKILL to the group)."""
-    run = Run(command, tmp_path / f"{name}.log", tmp_path, env=ENV)
-    try:
+    """test_signals' run, with the environment these runs need and a minute for a launcher to
+    end its workers before SIGKILL."""
+    with started_in(command, tmp_path, name, env=ENV, grace=60) as run:
         yield run
-    finally:
-        if run.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(run.proc.pid, signal.SIGTERM)
-            try:
-                run.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(run.proc.pid, signal.SIGKILL)
-                run.proc.wait()
 
 
 def _finish(command: list[str], tmp_path: Path, name: str) -> tuple[int, list[str]]:

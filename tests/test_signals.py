@@ -109,12 +109,23 @@ class Run:
 
 
 @contextlib.contextmanager
-def started(command: list[str], tmp_path: Path, name: str) -> Iterator[Run]:
-    run = Run(command, tmp_path / f"{name}.log", tmp_path)
+def started(
+    command: list[str], tmp_path: Path, name: str, env: dict[str, str] | None = None,
+    grace: float = 0.0,
+) -> Iterator[Run]:  # fmt: skip
+    """A run in its own session; afterwards nothing of it is left: SIGKILL to its group, after
+    SIGTERM and ``grace`` seconds for a launcher to end its workers (torchrun's workers have
+    sessions of their own: SIGTERM to torchrun ends them) when ``grace`` is given."""
+    run = Run(command, tmp_path / f"{name}.log", tmp_path, env=env)
     try:
         yield run
     finally:
         if run.proc.poll() is None:
+            if grace:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    run.proc.wait(timeout=grace)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
