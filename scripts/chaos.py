@@ -303,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     benchplot.add_arguments(parser)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="omnibert-chaos-"))
+    if work.is_dir() and any(work.iterdir()):  # its runs would resume an earlier chaos run's
+        parser.error(f"--workdir {work} is not empty; give an empty or new directory.")
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(
