@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from omnibert.config.node import Node, node_or_none, nodes, resolve
+from omnibert.config.node import Node, resolve
 from omnibert.config.sections import (
     Accelerator,
     Checkpointing,
@@ -20,6 +20,7 @@ from omnibert.config.sections import (
     Paths,
     Trainer,
     at_least,
+    shared_sections,
 )
 from omnibert.errors import UserError
 
@@ -113,24 +114,7 @@ class FinetuneConfig:
         """Resolve ``cfg`` (a problem is one ``error`` sentence) and check every range."""
         c = resolve(cfg, EXAMPLE, error, missing_first=False)
         at_least("micro_batch_size", c.get("micro_batch_size"), 1)
-        return cls(
-            raw=MappingProxyType(c),
-            paths=Paths.of(c["paths"]),
-            accelerator=Accelerator.of(c["accelerator"]),
-            model=Model.of(c["model"]),
-            data=FinetuneData.of(c["data"]),
-            task=Node(c.get("task") or {}, "task"),
-            optimizer=Node(c["optimizer"], "optimizer"),
-            schedule=node_or_none(c.get("schedule"), "schedule"),
-            trainer=Trainer.of(c["trainer"]),
-            loggers=nodes(c.get("logger"), "logger"),
-            callbacks=nodes(c.get("callbacks"), "callbacks"),
-            run_name=str(c["run_name"]),
-            seed=int(c["seed"]),
-            micro_batch_size=c.get("micro_batch_size"),
-            ckpt_path=None if c.get("ckpt_path") is None else str(c["ckpt_path"]),
-            checkpointing=Checkpointing.of((c.get("callbacks") or {}).get("checkpoint")),
-        )
+        return cls(raw=MappingProxyType(c), data=FinetuneData.of(c["data"]), **shared_sections(c))
 
     @property
     def task_name(self) -> str:

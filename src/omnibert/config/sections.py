@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnibert.config.node import Node
+from omnibert.config.node import Node, node_or_none, nodes
 from omnibert.errors import UserError
 from omnibert.models.config import BertConfig
 
@@ -28,6 +28,7 @@ __all__ = [
     "Trainer",
     "at_least",
     "positive_int",
+    "shared_sections",
 ]
 
 
@@ -320,3 +321,24 @@ class MLPerf:
         division = self.submission.get("division")
         if division not in ("closed", "open"):
             raise ConfigError(f"mlperf.submission.division={division!r} must be closed or open.")
+
+
+def shared_sections(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The sections every training run has (pretraining's and fine-tuning's configs alike),
+    read from the resolved config ``c``: keyword arguments of either config class."""
+    return {
+        "paths": Paths.of(c["paths"]),
+        "accelerator": Accelerator.of(c["accelerator"]),
+        "model": Model.of(c["model"]),
+        "task": Node(c.get("task") or {}, "task"),
+        "optimizer": Node(c["optimizer"], "optimizer"),
+        "schedule": node_or_none(c.get("schedule"), "schedule"),
+        "trainer": Trainer.of(c["trainer"]),
+        "loggers": nodes(c.get("logger"), "logger"),
+        "callbacks": nodes(c.get("callbacks"), "callbacks"),
+        "run_name": str(c["run_name"]),
+        "seed": int(c["seed"]),
+        "micro_batch_size": c.get("micro_batch_size"),
+        "ckpt_path": None if c.get("ckpt_path") is None else str(c["ckpt_path"]),
+        "checkpointing": Checkpointing.of((c.get("callbacks") or {}).get("checkpoint")),
+    }

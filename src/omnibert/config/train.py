@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from omnibert.config.node import Node, node_or_none, nodes, resolve
+from omnibert.config.node import Node, resolve
 from omnibert.config.sections import (
     Accelerator,
     Checkpointing,
@@ -28,6 +28,7 @@ from omnibert.config.sections import (
     Trainer,
     at_least,
     positive_int,
+    shared_sections,
 )
 from omnibert.errors import UserError
 
@@ -82,30 +83,17 @@ class TrainConfig:
         mlperf = MLPerf.of(c.get("mlperf"))
         config = cls(
             raw=MappingProxyType(c),
-            paths=Paths.of(c["paths"]),
-            accelerator=Accelerator.of(c["accelerator"]),
-            model=Model.of(c["model"]),
             data=Node(c["data"], "data"),
-            task=Node(task, "task"),
             phase=phase,
-            optimizer=Node(c["optimizer"], "optimizer"),
-            schedule=node_or_none(c.get("schedule"), "schedule"),
-            trainer=Trainer.of(c["trainer"]),
-            loggers=nodes(c.get("logger"), "logger"),
-            callbacks=nodes(c.get("callbacks"), "callbacks"),
-            run_name=str(c["run_name"]),
-            seed=int(c["seed"]),
-            micro_batch_size=c.get("micro_batch_size"),
             eval_micro_batch_size=c.get("eval_micro_batch_size"),
             memory_fraction=float(c.get("memory_fraction", 0.8)),
-            ckpt_path=None if c.get("ckpt_path") is None else str(c["ckpt_path"]),
             val_every_n_steps=c.get("val_every_n_steps"),
             steps_per_epoch=c.get("steps_per_epoch"),
             clip_grad_per_micro_batch=c.get("clip_grad_per_micro_batch", "auto"),
             compile_only=bool(c.get("compile_only")),
             profile=c.get("profile", False),
             mlperf=mlperf,
-            checkpointing=Checkpointing.of((c.get("callbacks") or {}).get("checkpoint")),
+            **shared_sections(c),
         )
         if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks
             raise TrainConfigError(
