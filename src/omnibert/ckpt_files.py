@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["intact_neighbour", "unreadable_checkpoint"]
+__all__ = ["intact_neighbour", "saved_step", "unreadable_checkpoint"]
 
 #: the first bytes of every file ``torch.save`` writes (a zip archive's local header)
 ZIP_MAGIC = b"PK\x03\x04"
@@ -29,6 +29,18 @@ def _opens(path: Path) -> bool:
     except Exception:
         return False
     return True
+
+
+def saved_step(path: str | Path) -> int | None:
+    """The ``global_step`` a Lightning checkpoint records, read memory-mapped (no tensor is
+    read); None when the file cannot be read or records none."""
+    from omnibert.compat import load_checkpoint
+
+    try:
+        value = load_checkpoint(path, mmap=True).get("global_step")
+    except Exception:
+        return None
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def intact_neighbour(path: str | Path) -> Path | None:

@@ -26,7 +26,6 @@ environment's 2.3) inside ``on_train_batch_end`` resume with the next batch, as 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from collections.abc import Callable
@@ -38,7 +37,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from omnibert.callbacks.checkpoint_io import CheckpointWriteError
-from omnibert.compat import lightning_resumes_after_batch_end, load_checkpoint
+from omnibert.ckpt_files import saved_step
+from omnibert.compat import lightning_resumes_after_batch_end
 from omnibert.config.sections import Checkpointing
 
 log = logging.getLogger("omnibert.checkpoint")
@@ -229,10 +229,8 @@ class PretrainingCheckpoint(ModelCheckpoint):
         last = folder / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
         if not last.is_file():
             return "no checkpoint of this run was written before"
-        step = "?"
-        with contextlib.suppress(Exception):
-            step = str(load_checkpoint(last, mmap=True).get("global_step", "?"))
-        return f"{last} (step {step}) is intact"
+        step = saved_step(last)
+        return f"{last} (step {'?' if step is None else step}) is intact"
 
 
 class CompletedBatchProgress(Callback):

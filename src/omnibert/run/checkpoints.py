@@ -18,7 +18,7 @@ from typing import Any
 
 from omnibert.callbacks.checkpoint_io import stale_temporary_files
 from omnibert.callbacks.requeue import RESUME_FILE
-from omnibert.ckpt_files import unreadable_checkpoint
+from omnibert.ckpt_files import saved_step, unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
@@ -154,9 +154,8 @@ def resume_hint(checkpoint_dir: str | os.PathLike[str]) -> str:
     last = Path(checkpoint_dir) / "last.ckpt"
     if not last.is_file():
         return "no checkpoint was written before it: run the same command again"
-    try:
-        step = int(load_checkpoint(last, mmap=True)["global_step"])
-    except Exception:
+    step = saved_step(last)
+    if step is None:
         return f"resume with ckpt_path=last ({last})"
     return (
         f"{last} holds step {step}: resume with ckpt_path=last (the steps after {step} are "

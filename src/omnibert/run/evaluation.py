@@ -24,7 +24,8 @@ from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
 from omnibert.callbacks.progress import ProgressLog
-from omnibert.compat import load_checkpoint, seed_everything
+from omnibert.ckpt_files import saved_step
+from omnibert.compat import seed_everything
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.checkpoints import load_pretrained
 from omnibert.convert.tf1_bundle import TF1Checkpoint
@@ -104,8 +105,8 @@ def checkpoint_step(path: str | Path, kind: str) -> int | None:
     when it has none (a Hugging Face directory) or it cannot be read."""
     try:
         if kind in ("omnibert", "finetuned"):
-            value = load_checkpoint(path, mmap=True).get("global_step")  # no tensor is read
-        elif kind == "tf1":
+            return saved_step(path)
+        if kind == "tf1":
             prefix = Path(path).with_suffix("") if Path(path).suffix == ".index" else Path(path)
             bundle = TF1Checkpoint(prefix)
             value = bundle.read("global_step").item() if "global_step" in bundle else None
