@@ -14,13 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnibert.ckpt_files import unreadable_checkpoint
-from omnibert.compat import load_checkpoint
 from omnibert.convert.checkpoints import FINETUNED_CKPT as FINAL
-from omnibert.convert.checkpoints import finetune_recipe
 from omnibert.convert.hf import export_hf
 from omnibert.finetune.tokenizer import FineTuneInputError, vocab_is_uncased
 from omnibert.run.finetune_inputs import task_data
+from omnibert.run.init_from import read_finetuned
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
 __all__ = [
@@ -65,17 +63,9 @@ def task_class(recipe: dict[str, Any]) -> Any:
 def load_finetuned(path: str | Path) -> Finetuned:
     """The fine-tuned task stored at ``path`` (a run directory or a ``.ckpt``), in eval mode."""
     file = _checkpoint_file(Path(path))
-    try:
-        ckpt = load_checkpoint(file)
-    except Exception as err:
-        raise FineTuneInputError(unreadable_checkpoint("ckpt", file, err)) from err
-    hparams = ckpt.get("hyper_parameters") or {}
-    recipe = finetune_recipe(hparams)
-    if recipe is None:
-        raise FineTuneInputError(
-            f"ckpt={file} is not an omnibert-finetune checkpoint (no task recipe); pass the "
-            "run directory of an omnibert-finetune run."
-        )
+    ckpt, hparams, recipe = read_finetuned(
+        file, "ckpt", f"ckpt={file}", "pass the run directory of an omnibert-finetune run"
+    )
     task = task_class(recipe)(**hparams)
     task.load_state_dict(ckpt["state_dict"])
     task.eval()

@@ -68,6 +68,7 @@ __all__ = [
     "head_of",
     "load_encoder_source",
     "plan_pretraining_init",
+    "read_finetuned",
 ]
 
 
@@ -299,21 +300,33 @@ def load_encoder_source(
     )
 
 
+def read_finetuned(
+    file: Path, key: str, named: str, fix: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """An omnibert-finetune checkpoint: (the checkpoint, its hyper-parameters, its task
+    recipe). One sentence when it cannot be read (naming ``key``) or holds no recipe
+    (``named`` is not one; ``fix``)."""
+    try:
+        ckpt = load_checkpoint(file)
+    except Exception as err:
+        raise FineTuneInputError(unreadable_checkpoint(key, file, err)) from err
+    hparams = ckpt.get("hyper_parameters") or {}
+    recipe = finetune_recipe(hparams)
+    if recipe is None:
+        raise FineTuneInputError(
+            f"{named} is not an omnibert-finetune checkpoint (no task recipe); {fix}."
+        )
+    return ckpt, hparams, recipe
+
+
 def _finetuned_source(init_from: str, recipe: Mapping[str, Any]) -> EncoderSource:
     """An omnibert-finetune run's encoder and head, when its head is the task's."""
     path = Path(init_from)
     file = path / FINETUNED_CKPT if path.is_dir() else path
-    try:
-        ckpt = load_checkpoint(file)
-    except Exception as err:
-        raise FineTuneInputError(unreadable_checkpoint("model.init_from", file, err)) from err
-    hparams = ckpt.get("hyper_parameters") or {}
-    saved = finetune_recipe(hparams)
-    if saved is None:
-        raise FineTuneInputError(
-            f"model.init_from={init_from}: {file} is not an omnibert-finetune checkpoint "
-            "(no task recipe); pass a pretrained checkpoint or a fine-tuned run."
-        )
+    ckpt, hparams, saved = read_finetuned(
+        file, "model.init_from", f"model.init_from={init_from}: {file}",
+        "pass a pretrained checkpoint or a fine-tuned run",
+    )  # fmt: skip
     theirs, ours = head_of(saved), head_of(recipe)
     if theirs != ours:
         raise FineTuneInputError(
