@@ -154,8 +154,14 @@ def initial_weights(size: Size, seed: int, work: Path, vocab_file: Path) -> Path
 
 
 def run_omnibert(
-    args: argparse.Namespace, size: Size, init: Path, work: Path, name: str
+    args: argparse.Namespace,
+    size: Size,
+    init: Path,
+    work: Path,
+    name: str,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """One ``omnibert-train`` to the target; ``extra``: more overrides (a variant's)."""
     data = Path(args.data)
     seq, predictions = data_shape(data)
     overrides = [
@@ -179,6 +185,7 @@ def run_omnibert(
         overrides.append("accelerator.allow_slow_bf16=true")  # the benchmark decided already
     if args.batch_unit == "rows":  # --batch packed rows a step, whatever they hold
         overrides.append(f"micro_batch_size={args.batch}")
+    overrides += extra
     out = work / f"{name}-out"
     summary = train(compose("pretrain", overrides), out)
     plan = json.loads((out / "plan.json").read_text())["batch"]

@@ -3,7 +3,9 @@ the fake vendor SDKs of ``tests/fakes/sdk``."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +14,16 @@ import pytest
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+# The speed probe (omnibert.run.speed_probe) chooses a micro batch by timing this machine: under
+# load its choice may differ between two runs a test compares, so the tests run the memory
+# rule (its own tests turn the probe on), with a cache of their own, never the user's.
+os.environ["OMNIBERT_MICRO_BATCH_PROBE"] = "false"
+os.environ["OMNIBERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnibert-test-cache-")
+# trainer.precision=auto is bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the
+# others: the tests' expected numbers are fp32 on every CI machine (tests/test_fast_defaults.py
+# tests the rule itself).
+os.environ["OMNIBERT_AUTO_BF16"] = "false"
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"

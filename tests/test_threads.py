@@ -1,5 +1,5 @@
 """Host threads and bf16 on the CPU (issue 16, points 1 and 11): the thread count comes from
-the CPUs this process may use (affinity, cgroup quota) minus its loader workers, an override
+the CPUs this process may use (affinity, cgroup quota) less the cores its loader workers use, an override
 is taken as given, the choice and its reason reach the plan; bf16 on a CPU without native
 bf16 is refused with the measured reason and the fix. No timing is asserted."""
 
@@ -57,14 +57,22 @@ def test_usable_cpus_is_the_affinity_mask_capped_by_the_quota():
     assert threads.usable_cpus(lambda: {3}, lambda: (4.0, "cpu.max"))[0] == 1
 
 
-def test_loader_workers_and_processes_are_subtracted_at_least_one_thread_left():
+def test_loader_workers_are_subtracted_only_for_the_cores_they_use():
     env: dict[str, str] = {}
     assert threads.choose_threads(None, 0, environ=env, cpus=(4, "affinity 4 CPUs"))[0] == 4
-    n, why = threads.choose_threads(None, 1, environ=env, cpus=(4, "affinity 4 CPUs"))
-    assert n == 3 and why == "auto: affinity 4 CPUs - 1 loader worker"
-    assert threads.choose_threads(None, 8, environ=env, cpus=(4, "a"))[0] == 1
-    assert threads.choose_threads(None, 1, processes_per_node=2, environ=env, cpus=(8, "a"))[0] == 3
-    assert threads.choose_threads(None, 1, environ=env, cpus=(2, "a"))[0] == 1  # the demo here
+    # pre-tokenised rows at CPU rates: a worker needs ~1 % of a core, the cores stay for compute
+    n, why = threads.choose_threads(None, 1, environ=env, cpus=(2, "affinity 2 CPUs"))
+    assert n == 2  # the demo on 2 cores: both compute
+    assert why == "auto: affinity 2 CPUs (1 loader worker not subtracted: they need 0.01 of a core)"
+    n, why = threads.choose_threads(None, 2, environ=env, cpus=(2, "a"), rows_per_second=150)
+    assert n == 2 and "0.01 of a core at 150 rows/s" in why
+    # a model fast enough that the workers need whole cores: those are subtracted
+    n, why = threads.choose_threads(None, 4, environ=env, cpus=(16, "a"), rows_per_second=20_000)
+    assert threads.worker_cores(4, 20_000) == pytest.approx(1.6)
+    assert n == 14 and "- 2 cores for 4 loader workers (1.60 of a core at 20,000 rows/s)" in why
+    assert threads.worker_cores(1, 1e9) == 1.0  # a worker is at most one core
+    assert threads.choose_threads(None, 8, environ=env, cpus=(4, "a"), rows_per_second=1e9)[0] == 1
+    assert threads.choose_threads(None, 1, processes_per_node=2, environ=env, cpus=(8, "a"))[0] == 4
 
 
 def test_an_override_is_taken_as_given():
@@ -99,9 +107,11 @@ def test_the_app_sets_the_chosen_threads_and_prints_why(tmp_path, monkeypatch, c
     try:
         cfg = compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}", "data.num_workers=1"])
         run_or_exit(cfg, tmp_path / "out")
-        assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 3
         plan = json.loads((tmp_path / "out" / "plan.json").read_text())
-        assert plan["threads"].startswith("2 intra-op (auto: affinity 3 CPUs - 1 loader worker)")
+        assert plan["threads"].startswith(
+            "3 intra-op (auto: affinity 3 CPUs (1 loader worker not subtracted: they need 0.0"
+        )
         assert "CPU threads" in capsys.readouterr().out
         cfg = compose(
             "pretrain", [*SMOKE, f"paths.output_root={tmp_path}/b", "accelerator.threads=1"]

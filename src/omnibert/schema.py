@@ -121,6 +121,8 @@ class PretrainConfig:
     eval_micro_batch_size: Optional[int] = None  # noqa: UP045
     # share of the device's memory a micro batch the app chooses may use (omnibert.run.memory)
     memory_fraction: float = 0.8
+    # time a few sizes that fit and keep the fastest (omnibert.run.speed_probe)
+    micro_batch_probe: bool = True
     ckpt_path: Optional[str] = None  # noqa: UP045
     val_every_n_steps: Optional[int] = None  # noqa: UP045
     steps_per_epoch: Optional[int] = None  # noqa: UP045

@@ -9,8 +9,13 @@ one competing process on two cores. So:
 * the thread count comes from the CPUs this process may really use: its affinity mask
   (``os.sched_getaffinity``, what ``taskset``/SLURM/docker ``--cpuset-cpus`` restrict), the
   cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``:
-  docker ``--cpus``, Kubernetes limits), shared by the training processes of this node,
-  minus the loader worker processes each of them feeds from (at least one thread);
+  docker ``--cpus``, Kubernetes limits), shared by the training processes of this node.
+  Loader worker processes are subtracted only for the cores they really use: a worker
+  collating pre-tokenised rows (Arrow shards, packed or not, and generated rows) spends
+  :data:`LOADER_SECONDS_PER_ROW` of one core per row (measured: 55-80 µs), about 1 % of a
+  core at the demo's 150 rows/s, so on a CPU the workers are not subtracted unless the model
+  runs so many rows per second that they need half a core or more (:func:`worker_cores`;
+  subtracting them anyway cost the demo a quarter of its speed on 2 cores);
 * the wait policy: ``OMP_WAIT_POLICY=PASSIVE`` (and ``KMP_BLOCKTIME=0`` for Intel's
   OpenMP) makes waiting threads sleep instead of spin. OpenMP runtimes read these when they
   load, i.e. when torch is imported: ``omnibert-train`` sets them right after its config is
@@ -32,13 +37,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
+    "LOADER_SECONDS_PER_ROW",
     "cgroup_cpu_limit",
     "choose_threads",
     "set_wait_policy_env",
     "usable_cpus",
+    "worker_cores",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: one core's seconds a loader worker spends per training row: the most measured over Arrow
+#: rows (55 µs), online-packed Arrow rows (62 µs) and generated rows (78 µs), bert-tiny's
+#: seq-128 shapes, one thread (docs/pretraining/cpu.md)
+LOADER_SECONDS_PER_ROW = 80e-6
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 WAIT_POLICIES = ("passive", "active")
 
@@ -128,17 +139,29 @@ def usable_cpus(
     return cpus, how
 
 
+def worker_cores(num_workers: int, rows_per_second: float | None) -> float:
+    """The cores ``num_workers`` loader workers keep busy feeding ``rows_per_second`` training
+    rows (:data:`LOADER_SECONDS_PER_ROW` each), at most one each; without a rate, the rate of
+    the smallest preset on a CPU (about 150 rows/s: bert-tiny, 2 cores)."""
+    if num_workers <= 0:
+        return 0.0
+    rate = 150.0 if rows_per_second is None else max(0.0, rows_per_second)
+    return min(float(num_workers), rate * LOADER_SECONDS_PER_ROW)
+
+
 def choose_threads(
     requested: int | None,
     num_workers: int,
     processes_per_node: int = 1,
     environ: dict[str, str] | None = None,
     cpus: tuple[int, str] | None = None,
+    rows_per_second: float | None = None,
 ) -> tuple[int, str]:
     """Intra-op threads for one training process and the reason: ``requested``
     (``accelerator.threads``), else ``OMP_NUM_THREADS`` from the environment, else the
-    usable CPUs shared by ``processes_per_node`` processes minus ``num_workers`` loader
-    workers each, at least 1."""
+    usable CPUs shared by ``processes_per_node`` processes, less the whole cores its
+    ``num_workers`` loader workers use at ``rows_per_second`` (:func:`worker_cores`), at
+    least 1."""
     env = os.environ if environ is None else environ
     if requested is not None:
         return int(requested), f"accelerator.threads={requested}"
@@ -147,12 +170,22 @@ def choose_threads(
         return int(from_env), f"OMP_NUM_THREADS={from_env} in the environment"
     total, how = cpus if cpus is not None else usable_cpus()
     share = max(1, total // max(1, processes_per_node))
-    threads = max(1, share - max(0, num_workers))
+    busy = worker_cores(num_workers, rows_per_second)
+    reserved = min(num_workers, math.floor(busy + 0.5))
+    threads = max(1, share - reserved)
     parts = [how]
     if processes_per_node > 1:
         parts.append(f"/ {processes_per_node} processes")
     if num_workers:
-        parts.append(f"- {num_workers} loader worker{'s' if num_workers != 1 else ''}")
+        plural = "s" if num_workers != 1 else ""
+        at = "" if rows_per_second is None else f" at {rows_per_second:,.0f} rows/s"
+        load = f"{busy:.2f} of a core{at}"
+        if reserved:
+            parts.append(f"- {reserved} core{'s' if reserved != 1 else ''} for {num_workers} "
+                         f"loader worker{plural} ({load})")  # fmt: skip
+        else:
+            parts.append(f"({num_workers} loader worker{plural} not subtracted: they need "
+                         f"{load})")  # fmt: skip
     return threads, f"auto: {' '.join(parts)}"
 
 

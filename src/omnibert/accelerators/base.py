@@ -105,9 +105,10 @@ class AcceleratorPlugin:
                 f"use one of {', '.join(self.precisions)}."
             )
 
-    def configure_threads(self, num_workers: int) -> str:
+    def configure_threads(self, num_workers: int, rows_per_second: float | None = None) -> str:
         """Set this process's host threads for training with ``num_workers`` loader workers
-        and say what and why (``""``: left as they are)."""
+        feeding ``rows_per_second`` rows (None: not measured) and say what and why (``""``:
+        left as they are)."""
         return ""
 
     # ------------------------------------------------------------------ Trainer

@@ -1,7 +1,7 @@
 """CPU: fp32 or bf16 autocast, one process per ``devices`` (gloo DDP for more than one).
 
-Threads: :mod:`omnibert.threads` (the CPUs this process may use, minus its loader workers;
-waiting OpenMP threads sleep). bf16: refused on a CPU without native bf16
+Threads: :mod:`omnibert.threads` (the CPUs this process may use, less the cores its loader
+workers really use; waiting OpenMP threads sleep). bf16: refused on a CPU without native bf16
 (:mod:`omnibert.accelerators.cpu_bf16`) unless ``allow_slow_bf16``.
 """
 
@@ -21,18 +21,31 @@ from omnibert.threads import WAIT_POLICIES, choose_threads, set_wait_policy_env
 __all__ = ["CPUPlugin", "compile_in_place"]
 
 
+#: why ``accelerator.compile=auto`` runs eagerly on a CPU: torch.compile's training step was
+#: measured slower than eager at the CPU presets' shapes, compile time aside
+#: (scripts/bench_defaults.py's grid, docs/benchmarks)
+AUTO_COMPILE_REASON = (
+    "compile=auto; on a CPU torch.compile trained slower than eager in the defaults "
+    "benchmark, compile time aside"
+)
+
+
 class CPUPlugin(AcceleratorPlugin):
     """CPU training.
 
     Args:
-        compile: ``torch.compile`` the model's forward in place before training.
+        compile: ``torch.compile`` the model's forward in place before training (``True``),
+            or not; ``"auto"``: eager (:data:`AUTO_COMPILE_REASON`).
         compile_options: ``torch.compile`` keyword arguments (``mode``, ``dynamic``, ...).
         threads: intra-op threads per process; ``None``: ``OMP_NUM_THREADS`` if set, else
-            the CPUs this process may use minus its loader workers (:mod:`omnibert.threads`).
+            the CPUs this process may use, less what its loader workers really use
+            (:mod:`omnibert.threads`).
         omp_wait_policy: ``passive`` (waiting OpenMP threads sleep), ``active`` (they spin)
             or ``None`` (the runtime's default); set before torch loads by ``omnibert-train``.
         allow_slow_bf16: run bf16 on a CPU without native bf16 (emulated: orders of
             magnitude slower than fp32) instead of refusing.
+        auto_bf16: ``trainer.precision=auto`` runs bf16 autocast where the CPU has native
+            bf16 (else fp32); ``False``: fp32 always.
     """
 
     name = "cpu"
@@ -45,11 +58,12 @@ class CPUPlugin(AcceleratorPlugin):
         strategy: str = "auto",
         accelerator: str | None = None,
         timeout_s: float = 300,
-        compile: bool = False,
+        compile: Any = "auto",
         compile_options: dict[str, Any] | None = None,
         threads: int | None = None,
         omp_wait_policy: str | None = "passive",
         allow_slow_bf16: bool = False,
+        auto_bf16: Any = True,
     ) -> None:
         super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
         if threads is not None and (
@@ -64,12 +78,34 @@ class CPUPlugin(AcceleratorPlugin):
                 f"accelerator.omp_wait_policy={omp_wait_policy!r} is not a wait policy; use "
                 "passive, active or null (the OpenMP runtime's default)."
             )
-        self.compile = bool(compile)
+        if compile not in ("auto", True, False):
+            raise AcceleratorError(
+                f"accelerator.compile={compile!r} is not auto, true or false; set one."
+            )
+        #: auto: eager on a CPU, where torch.compile was measured no faster over a run
+        self.compile = compile is True
+        self.compile_reason = AUTO_COMPILE_REASON if compile == "auto" else "accelerator.compile"
         self.compile_options = dict(compile_options or {})
         self.threads = threads
         self.omp_wait_policy = omp_wait_policy
         self.allow_slow_bf16 = bool(allow_slow_bf16)
+        from omnibert.config.sections import flag
+
+        self.auto_bf16 = flag(auto_bf16, "accelerator.auto_bf16")
         self._bf16: Bf16Support | None = None
+
+    def resolve_precision(self, precision: Any) -> tuple[str, str]:
+        """``auto``: bf16 autocast where this CPU runs bf16 natively (AVX512-BF16/AMX: it
+        reached the same held-out accuracy sooner, docs/benchmarks cpu_precision), fp32
+        elsewhere or with ``accelerator.auto_bf16=false``; any other value as written."""
+        if str(precision) != "auto":
+            return super().resolve_precision(precision)
+        if not self.auto_bf16:
+            return "32-true", "trainer.precision=auto: fp32 (accelerator.auto_bf16=false)"
+        support = self.bf16_support()
+        if support.native:
+            return "bf16-mixed", f"trainer.precision=auto: bf16 autocast, {support.reason}"
+        return "32-true", f"trainer.precision=auto: fp32, no native bf16: {support.reason}"
 
     def check_precision(self, precision: str) -> None:
         super().check_precision(precision)
@@ -89,9 +125,12 @@ class CPUPlugin(AcceleratorPlugin):
             self._bf16 = cpu_bf16_support()
         return self._bf16
 
-    def configure_threads(self, num_workers: int) -> str:
-        """Set torch's intra-/inter-op threads (:mod:`omnibert.threads`); what and why."""
-        threads, reason = choose_threads(self.threads, num_workers, self.devices)
+    def configure_threads(self, num_workers: int, rows_per_second: float | None = None) -> str:
+        """Set torch's intra-/inter-op threads (:mod:`omnibert.threads`) for ``num_workers``
+        loader workers feeding ``rows_per_second`` (None: not measured); what and why."""
+        threads, reason = choose_threads(
+            self.threads, num_workers, self.devices, rows_per_second=rows_per_second
+        )
         torch.set_num_threads(threads)
         with contextlib.suppress(RuntimeError):  # only before the first inter-op work
             torch.set_num_interop_threads(threads)
@@ -108,6 +147,11 @@ class CPUPlugin(AcceleratorPlugin):
 
     def compile_model(self, model: nn.Module) -> nn.Module:
         return compile_in_place(model, self.compile_options) if self.compile else model
+
+    def kernels(self) -> dict[str, str]:
+        if self.compile:
+            return super().kernels()
+        return {"compile": f"off (eager: {self.compile_reason})"}
 
     def describe(self) -> dict[str, Any]:
         out = {**super().describe(), "compile": self.compile, "threads": self.threads}

@@ -27,6 +27,7 @@ from omnibert.config.sections import (
     Phase,
     Trainer,
     at_least,
+    flag,
     positive_int,
     shared_sections,
 )
@@ -63,6 +64,7 @@ class TrainConfig:
     micro_batch_size: int | None
     eval_micro_batch_size: int | None
     memory_fraction: float
+    micro_batch_probe: bool
     ckpt_path: str | None
     val_every_n_steps: int | None
     steps_per_epoch: int | None
@@ -87,6 +89,7 @@ class TrainConfig:
             phase=phase,
             eval_micro_batch_size=c.get("eval_micro_batch_size"),
             memory_fraction=float(c.get("memory_fraction", 0.8)),
+            micro_batch_probe=flag(c.get("micro_batch_probe", True), "micro_batch_probe"),
             val_every_n_steps=c.get("val_every_n_steps"),
             steps_per_epoch=c.get("steps_per_epoch"),
             clip_grad_per_micro_batch=c.get("clip_grad_per_micro_batch", "auto"),

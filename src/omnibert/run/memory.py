@@ -39,6 +39,8 @@ class MicroBatchChoice:
     bytes_fixed: int | None = None
     bytes_per_row: int | None = None
     budget: int | None = None
+    #: the speed probe's measurements (omnibert.run.speed_probe), when it ran
+    probe: dict[str, Any] | None = None
 
     def bytes_at(self, size: int) -> int | None:
         if self.bytes_fixed is None or self.bytes_per_row is None:
@@ -86,7 +88,7 @@ def choose_micro_batch(
     per_row = max(two - one, 1)
     fixed = one - per_row
     budget = int(available * memory_fraction)
-    facts = {"bytes_fixed": fixed, "bytes_per_row": per_row, "budget": budget}
+    facts: dict[str, Any] = {"bytes_fixed": fixed, "bytes_per_row": per_row, "budget": budget}
     fits = (budget - fixed) // per_row
     where = f"{memory_fraction:.0%} of {_gib(available)} ({source})"
     if requested is not None:

@@ -138,6 +138,8 @@ class TrainPlan:
     data: dict[str, Any]
     #: how the micro batch was chosen (omnibert.run.memory)
     micro_batch_choice: str = ""
+    #: the speed probe's measurements, when it chose the micro batch (run.speed_probe)
+    micro_batch_probe: dict[str, Any] | None = None
     #: the host threads and OpenMP wait policy the accelerator set, and why (omnibert.threads)
     threads: str = ""
     #: which kernels the run uses: precision, attention, optimiser, compile, ... (run.kernels)

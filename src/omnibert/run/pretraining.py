@@ -92,8 +92,13 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     precision, why = plugin.resolve_precision(config.trainer.precision)
     plugin.check_precision(precision)
     clip = resolve_clipping(config.clip_grad_per_micro_batch, config.optimizer)
-    batch, datamodule, choice = data_and_batches(config, plugin.device, precision, clip)
-    threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0))
+    workers = int(config.data.get("num_workers") or 0)
+    plugin.configure_threads(workers)  # before the speed probe times the model with them
+    compiled = bool(getattr(plugin, "compile", False))
+    batch, datamodule, choice = data_and_batches(config, plugin.device, precision, clip, compiled)
+    # again with the rows per second the probe measured: what the loader workers must feed
+    rate = dict(choice.probe["rates"]).get(choice.size) if choice.probe else None
+    threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0), rate)
     plan = plan_run(config, datamodule, batch, precision, clip)
     plugin.check_accumulation(plan.batch.accumulate_grad_batches)
     attention = plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
@@ -106,7 +111,8 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     kernels = kernel_choices(plugin, plan.model.to_dict(), config.optimizer, precision, why)
     kernels["attention"] = attention  # the backend the model runs (models.attention)
     plan = dataclasses.replace(
-        plan, micro_batch_choice=choice.reason, threads=threads, attention=attention,
+        plan, micro_batch_choice=choice.reason, micro_batch_probe=choice.probe,
+        threads=threads, attention=attention,
         kernels=kernels, checkpoint_space=_checkpoint_space(config, plan, precision),
     )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
