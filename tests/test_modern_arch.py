@@ -410,3 +410,49 @@ def test_bert_export_refuses_modern_configs():
     assert "position_encoding=rope vs learned" in MODERN.architecture_mismatches(
         MODERN.replace(position_encoding="learned")
     )
+
+
+# ----------------------------------------------------------------------------- presets and app
+PRESETS = {
+    "modernbert_base": (22, 768, 12, 1152, "rope"),
+    "modernbert_large": (28, 1024, 16, 2624, "rope"),
+    "mosaicbert_base": (12, 768, 12, 3072, "alibi"),
+    "modern_tiny": (2, 128, 2, 192, "rope"),
+    "modern_mini": (4, 256, 4, 384, "rope"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_compose_into_a_config(name):
+    from omegaconf import OmegaConf
+
+    from omnibert.apps.compose import compose
+
+    cfg = compose("pretrain", [f"model={name}", "data=generated"])
+    values = OmegaConf.to_container(cfg.model.config, resolve=True)
+    config = BertConfig.from_dict({**values, "vocab_size": 30522})
+    layers, hidden, heads, inter, positions = PRESETS[name]
+    assert (config.num_hidden_layers, config.hidden_size) == (layers, hidden)
+    assert (config.num_attention_heads, config.intermediate_size) == (heads, inter)
+    assert config.position_encoding == positions and config.feed_forward == "geglu"
+    assert not config.next_sentence_head and not config.is_bert
+    kinds = {config.is_local(i) for i in range(layers)}
+    assert kinds == ({False} if positions == "alibi" else {False, True})
+
+
+def test_train_app_runs_modern_tiny_end_to_end(tmp_path):
+    from omnibert.apps.compose import compose
+    from omnibert.apps.train import run_or_exit
+
+    overrides = [
+        "model=modern_tiny", "data=generated", "phase.max_steps=2", "phase.global_batch_size=8",
+        "micro_batch_size=4", "phase.max_seq_length=64", "phase.max_predictions_per_seq=10",
+        "data.vocab_size=128", "data.num_train_samples=64", "data.num_eval_samples=8",
+        "data.num_workers=0", "logger=none", "callbacks=minimal", "val_every_n_steps=2",
+        f"paths.output_root={tmp_path}",
+    ]  # fmt: skip
+    summary = run_or_exit(compose("pretrain", overrides), tmp_path / "out")
+    assert summary["steps"] == 2
+    val = summary["validation"]
+    assert val["val/nsp_count"] == 0.0 and val["val/nsp_loss"] == 0.0
+    assert val["val/loss"] == val["val/mlm_loss"] and math.isfinite(val["val/loss"])
