@@ -456,3 +456,62 @@ def test_train_app_runs_modern_tiny_end_to_end(tmp_path):
     val = summary["validation"]
     assert val["val/nsp_count"] == 0.0 and val["val/nsp_loss"] == 0.0
     assert val["val/loss"] == val["val/mlm_loss"] and math.isfinite(val["val/loss"])
+
+
+def test_bert_exporter_refuses_a_modern_model_before_writing(tmp_path):
+    from omnibert.convert.hf import export_hf
+
+    model = BertForPreTraining(MODERN)
+    with pytest.raises(BertConfigError, match="ModernBERT"):
+        export_hf(model, tmp_path / "out", None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_norms_of_pre_norm_layers_get_no_weight_decay():
+    from omnibert.optim.param_groups import BERT_NO_WEIGHT_DECAY, build_param_groups
+
+    model = BertForPreTraining(MODERN.replace(norm="rmsnorm"))
+    decayed, undecayed = build_param_groups(model, 0.01, BERT_NO_WEIGHT_DECAY)
+    undecayed_ids = {id(p) for p in undecayed["params"]}
+    for name, param in model.named_parameters():
+        is_norm = "norm" in name.lower()
+        assert (id(param) in undecayed_ids) == (is_norm or name.endswith("bias")), name
+    assert decayed["weight_decay"] == 0.01
+
+
+def test_mean_pooling_classifier():
+    from omnibert.models.heads import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(**BASE, pooling="mean", next_sentence_head=False)
+    model = BertForSequenceClassification(cfg, num_labels=3).eval()
+    ids = torch.randint(3, 60, (2, 10))
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4])
+    with torch.no_grad():
+        logits = model(ids, torch.zeros_like(ids), mask)
+        hidden = model.bert(ids, torch.zeros_like(ids), torch.arange(10).expand(2, 10), mask)
+    mean = torch.stack([hidden[0].mean(0), hidden[1, :6].mean(0)])
+    torch.testing.assert_close(logits, model.classifier(mean), **FP32)
+
+
+def test_activation_estimate_counts_the_modern_layers():
+    """The automatic micro batch's estimate runs the real model on the meta device: a gated
+    feed-forward keeps more, a model without position / token-type tables has fewer
+    parameters, and rope, alibi and windows run there too."""
+    from omnibert.run.activation_memory import estimate
+
+    shapes = {"input_ids": [4, 64], "masked_lm_positions": [4, 10], "nsp_labels": [4, 2]}
+    plain = BertConfig(**BASE)
+    runs = {
+        name: estimate(cfg, shapes, "32-true", None, flops=False)
+        for name, cfg in {
+            "mlp": plain,
+            "geglu": plain.replace(feed_forward="geglu"),
+            "modern": MODERN,
+            "mosaic": MOSAIC.replace(local_window=16, global_every=2),
+        }.items()
+    }
+    acts = {name: run["memory"]["activations"] for name, run in runs.items()}
+    assert acts["geglu"] > acts["mlp"] and acts["modern"] > 0 and acts["mosaic"] > 0
+    geglu_params = runs["geglu"]["parameters"] - runs["mlp"]["parameters"]
+    assert geglu_params == BASE["num_hidden_layers"] * (BASE["hidden_size"] + 1) * 48
