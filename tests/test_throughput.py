@@ -97,6 +97,19 @@ def test_measured_flops_equal_the_analytic_count(batches):
     assert measure_flops(lambda: BertForPreTraining(CONFIG), double) == 2 * measured
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"feed_forward": "geglu", "next_sentence_head": False},
+        {"feed_forward": "swiglu", "position_encoding": "alibi", "attention": "math"},
+    ],
+)
+def test_measured_flops_of_modern_options_equal_the_analytic_count(batches, changes):
+    config = CONFIG.replace(**changes)
+    measured = measure_flops(lambda: BertForPreTraining(config), batches[0])
+    assert measured == bert_pretraining_flops(config, 4, 32, 5)
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_rates_over_the_window_from_the_batches(batches, monkeypatch, world_size):
     clock = FakeClock()

@@ -75,13 +75,20 @@ def bert_pretraining_flops(
     for all ``B·S`` tokens (``2H²``), the rest for the ``Q`` rows (``2H² + 2HI + 2SH``). The
     MLM head works on the gathered positions (transform ``H²`` + decoder ``H·V_pad``), the
     pooler and NSP classifier on the [CLS] rows. Backward costs twice the forward.
+    A gated feed-forward (``geglu``/``swiglu``) costs ``3HI`` (its input projection is twice as
+    wide); without the next-sentence head the [CLS] rows are neither read nor classified.
+    Sliding windows are not discounted (an upper bound for local layers).
     """
-    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    h, layers = config.hidden_size, config.num_hidden_layers
+    gated = getattr(config, "feed_forward", "mlp") != "mlp"
+    ffn = h * config.intermediate_size * (3 if gated else 2)  # MACs per token
+    if not getattr(config, "next_sentence_head", True):
+        sequences = 0
     tokens = batch_size * seq_len
-    full_layer = tokens * (4 * h * h + 2 * h * inter) + 2 * batch_size * seq_len**2 * h
+    full_layer = tokens * (4 * h * h + ffn) + 2 * batch_size * seq_len**2 * h
     if prune_last_layer:
         queries = batch_size * (predictions + sequences)
-        last = tokens * 2 * h * h + queries * (2 * h * h + 2 * h * inter + 2 * seq_len * h)
+        last = tokens * 2 * h * h + queries * (2 * h * h + ffn + 2 * seq_len * h)
         encoder = (layers - 1) * full_layer + last
     else:
         encoder = layers * full_layer

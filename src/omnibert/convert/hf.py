@@ -260,6 +260,8 @@ def export_hf(
     """
     out = Path(out_dir)
     config = cast(BertConfig, model.config)
+    if hf_config is None:
+        config.to_hf_dict()  # a non-BERT architecture is refused before anything is written
     names = ["model.safetensors", "config.json"]
     if vocab_file is not None:
         names.append("vocab.txt")

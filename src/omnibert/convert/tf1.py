@@ -49,7 +49,7 @@ import torch
 from omnibert.convert.hf import TIED_KEYS, VOCAB_KEYS
 from omnibert.convert.tf1_bundle import TF1Checkpoint, TF1CheckpointError, is_tf1_checkpoint
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
-from omnibert.models.config import ARCHITECTURE_FIELDS
+from omnibert.models.config import BERT_SHAPE_FIELDS
 
 __all__ = [
     "COUNTER_NAMES",
@@ -149,7 +149,7 @@ def read_bert_config(path: str | Path, *, pad_vocab_size_multiple: int = 8) -> B
         raise TF1CheckpointError(f"{path} is not JSON ({err}); pass a bert_config.json.") from err
     if not isinstance(values, dict):
         raise TF1CheckpointError(f"{path} is not a JSON object; pass a bert_config.json.")
-    absent = [key for key in ARCHITECTURE_FIELDS if key not in values]
+    absent = [key for key in BERT_SHAPE_FIELDS if key not in values]
     if absent:
         raise TF1CheckpointError(
             f"{path} lacks {', '.join(absent)}; pass the Google-format bert_config.json of the "

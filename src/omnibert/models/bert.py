@@ -20,13 +20,14 @@ Everything stays on the device: no ``.item()``, no data-dependent Python branche
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnibert.models.attention import DenseAttention, Unpadded, resolve_attention
+from omnibert.models.attention import DenseAttention, Unpadded, alibi_slopes, resolve_attention
 from omnibert.models.config import BertConfig
 
 __all__ = [
@@ -34,9 +35,14 @@ __all__ = [
     "OUTPUT_KEYS",
     "BertLayer",
     "BertModel",
+    "LayerInputs",
+    "RMSNorm",
+    "Rotary",
     "gather_rows",
     "hidden_activation",
     "init_bert_weights_",
+    "make_norm",
+    "rotary_tables",
     "truncated_normal_",
 ]
 
@@ -71,10 +77,32 @@ def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
     return tensor
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a weight and no bias, computed in fp32 (``norm: rmsnorm``)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        x = hidden_states.float()
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(hidden_states.dtype)
+
+
+def make_norm(config: BertConfig) -> nn.Module:
+    """The norm of ``config.norm`` (LayerNorm with a bias iff ``config.bias``; RMSNorm has none)."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.hidden_size, config.layer_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+
+
 @torch.no_grad()
 def init_bert_weights_(model: nn.Module, std: float, skip: nn.Module | None = None) -> None:
     """Google BERT's init of every submodule of ``model`` but ``skip``: truncated normal (±2
-    std) Linear/Embedding weights, zero Linear biases, LayerNorm weight 1 and bias 0."""
+    std) Linear/Embedding weights (the gated feed-forward's double-width input too), zero
+    Linear biases, norm weights 1 and biases (where a norm has one) 0."""
     for module in model.modules():
         if module is skip:
             continue
@@ -82,9 +110,48 @@ def init_bert_weights_(model: nn.Module, std: float, skip: nn.Module | None = No
             truncated_normal_(module.weight, std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 module.bias.zero_()
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, RMSNorm)):
             module.weight.fill_(1.0)
-            module.bias.zero_()
+            bias = getattr(module, "bias", None)
+            if bias is not None:
+                bias.zero_()
+
+
+@dataclass
+class Rotary:
+    """cos/sin tables ``[B,1,rows,head_dim]`` of the key rows and of the query rows."""
+
+    cos: Tensor
+    sin: Tensor
+    cos_q: Tensor
+    sin_q: Tensor
+
+    @staticmethod
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotate-half rotary embedding (dimension i pairs with i + head_dim/2, as Hugging
+        Face's ModernBERT), in fp32, back in ``x``'s dtype."""
+        xf = x.float()
+        half = x.shape[-1] // 2
+        turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+        return (xf * cos + turned * sin).to(x.dtype)
+
+
+def rotary_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin ``[B,1,rows,head_dim]`` of ``positions [B,rows]`` for the rotary base
+    ``theta`` (frequencies theta^(-2i/head_dim), each used for both halves)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    freqs = positions.unsqueeze(-1).float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+    return angles.cos(), angles.sin()
+
+
+@dataclass
+class LayerInputs:
+    """What one encoder layer attends with: the kernel and, with ``rope``, the rotary tables."""
+
+    attend: Attend
+    rotary: Rotary | None = None
 
 
 #: the static-shape batch ``BertForPreTraining.forward`` takes (docs/design.md: the batch contract), in
@@ -117,17 +184,24 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # no position embedding with rope / alibi, no token types with type_vocab_size 0
+        self.position_embeddings: nn.Embedding | None = None
+        if config.position_encoding == "learned":
+            self.position_embeddings = nn.Embedding(
+                config.max_position_embeddings, config.hidden_size
+            )
+        self.token_type_embeddings: nn.Embedding | None = None
+        if config.type_vocab_size > 0:
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = make_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor, position_ids: Tensor) -> Tensor:
-        embeddings = (
-            self.word_embeddings(input_ids)
-            + self.token_type_embeddings(segment_ids)
-            + self.position_embeddings(position_ids)
-        )
+        embeddings = self.word_embeddings(input_ids)
+        if self.token_type_embeddings is not None:
+            embeddings = embeddings + self.token_type_embeddings(segment_ids)
+        if self.position_embeddings is not None:
+            embeddings = embeddings + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(embeddings))
 
 
@@ -145,9 +219,9 @@ class BertSelfAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(hidden, hidden)
-        self.value = nn.Linear(hidden, hidden)
+        self.query = nn.Linear(hidden, hidden, bias=config.bias)
+        self.key = nn.Linear(hidden, hidden, bias=config.bias)
+        self.value = nn.Linear(hidden, hidden, bias=config.bias)
         self.dropout_prob = config.attention_probs_dropout_prob
 
     def _heads(self, projected: Tensor, parts: int) -> tuple[Tensor, ...]:
@@ -157,22 +231,31 @@ class BertSelfAttention(nn.Module):
         return tuple(split.permute(2, 0, 3, 1, 4).unbind(0))
 
     def forward(
-        self, hidden_states: Tensor, attend: Attend, queries: Tensor | None = None
+        self,
+        hidden_states: Tensor,
+        attend: Attend,
+        queries: Tensor | None = None,
+        rotary: Rotary | None = None,
     ) -> Tensor:
         q, k, v = self.query, self.key, self.value
         if queries is None:
             qkv = F.linear(
                 hidden_states,
                 torch.cat((q.weight, k.weight, v.weight)),
-                torch.cat((q.bias, k.bias, v.bias)),
+                None if q.bias is None else torch.cat((q.bias, k.bias, v.bias)),
             )
             query, key, value = self._heads(qkv, 3)
         else:
             (query,) = self._heads(q(queries), 1)
             kv = F.linear(
-                hidden_states, torch.cat((k.weight, v.weight)), torch.cat((k.bias, v.bias))
+                hidden_states,
+                torch.cat((k.weight, v.weight)),
+                None if k.bias is None else torch.cat((k.bias, v.bias)),
             )
             key, value = self._heads(kv, 2)
+        if rotary is not None:
+            query = Rotary.rotate(query, rotary.cos_q, rotary.sin_q)
+            key = Rotary.rotate(key, rotary.cos, rotary.sin)
         dropout_p = self.dropout_prob if self.training else 0.0
         context = attend(query, key, value, dropout_p)
         batch, heads, rows, width = context.shape
@@ -181,10 +264,12 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
+    """The attention's output projection and residual sum (then the norm, post-norm only)."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.LayerNorm = make_norm(config) if config.norm_position == "post" else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
@@ -198,27 +283,51 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(
-        self, hidden_states: Tensor, attend: Attend, queries: Tensor | None = None
+        self,
+        hidden_states: Tensor,
+        attend: Attend,
+        queries: Tensor | None = None,
+        rotary: Rotary | None = None,
+        residual: Tensor | None = None,
     ) -> Tensor:
-        residual = hidden_states if queries is None else queries
-        return self.output(self.self(hidden_states, attend, queries), residual)
+        """``residual`` (default: the query rows' input) is what the output adds to."""
+        if residual is None:
+            residual = hidden_states if queries is None else queries
+        return self.output(self.self(hidden_states, attend, queries, rotary), residual)
 
 
 class BertIntermediate(nn.Module):
+    """BERT's ``Linear -> hidden_act``, or the gated ``geglu`` / ``swiglu``: one Linear to twice
+    the width, split into (input, gate) in that order (Hugging Face ModernBERT's ``Wi``), and
+    ``act(input) * gate``."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.intermediate_act_fn = hidden_activation(config.hidden_act)
+        self.gated = config.feed_forward != "mlp"
+        width = config.intermediate_size * (2 if self.gated else 1)
+        self.dense = nn.Linear(config.hidden_size, width, bias=config.bias)
+        self.intermediate_act_fn: nn.Module
+        if config.feed_forward == "geglu":
+            self.intermediate_act_fn = nn.GELU()
+        elif config.feed_forward == "swiglu":
+            self.intermediate_act_fn = nn.SiLU()
+        else:
+            self.intermediate_act_fn = hidden_activation(config.hidden_act)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
+        projected = self.dense(hidden_states)
+        if not self.gated:
+            return self.intermediate_act_fn(projected)
+        value, gate = projected.chunk(2, dim=-1)
+        out: Tensor = self.intermediate_act_fn(value) * gate
+        return out
 
 
 class BertOutput(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
+        self.LayerNorm = make_norm(config) if config.norm_position == "post" else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
@@ -226,42 +335,62 @@ class BertOutput(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
+    """One encoder layer: post-norm (BERT) or pre-norm (``attn_norm`` before the attention,
+    none in layer 0 as in ModernBERT, ``mlp_norm`` before the feed-forward)."""
+
+    def __init__(self, config: BertConfig, index: int = 0) -> None:
         super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        if self.pre_norm:
+            self.attn_norm = make_norm(config) if index > 0 else nn.Identity()
+            self.mlp_norm = make_norm(config)
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
     def forward(
-        self, hidden_states: Tensor, attend: Attend, queries: Tensor | None = None
+        self,
+        hidden_states: Tensor,
+        attend: Attend,
+        queries: Tensor | None = None,
+        rotary: Rotary | None = None,
     ) -> Tensor:
         """``[B,S,H]``, or ``[B,Q,H]`` for the query rows ``queries`` only (``[1,T,H]`` /
         ``[1,Q,H]`` on the unpadded stream)."""
-        attended = self.attention(hidden_states, attend, queries)
-        return self.output(self.intermediate(attended), attended)
+        if not self.pre_norm:
+            attended = self.attention(hidden_states, attend, queries, rotary)
+            return self.output(self.intermediate(attended), attended)
+        residual = hidden_states if queries is None else queries
+        normed_queries = None if queries is None else self.attn_norm(queries)
+        attended = self.attention(
+            self.attn_norm(hidden_states), attend, normed_queries, rotary, residual
+        )
+        return self.output(self.intermediate(self.mlp_norm(attended)), attended)
 
 
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(BertLayer(config, i) for i in range(config.num_hidden_layers))
 
     def forward(
         self,
         hidden_states: Tensor,
-        attend: Attend,
-        last: tuple[Attend, Callable[[Tensor], Tensor]] | None = None,
+        inputs: Sequence[LayerInputs],
+        last: tuple[LayerInputs, Callable[[Tensor], Tensor]] | None = None,
     ) -> Tensor:
-        """Every layer with ``attend``; with ``last = (attend_last, select)`` the last layer
+        """Layer i with ``inputs[i]``; with ``last = (inputs_last, select)`` the last layer
         runs only the rows ``select(hidden)`` (queries over all keys): the others are unread."""
         if last is None:
-            for layer in self.layer:
-                hidden_states = layer(hidden_states, attend)
+            for layer, step in zip(self.layer, inputs, strict=True):
+                hidden_states = layer(hidden_states, step.attend, None, step.rotary)
             return hidden_states
-        for layer in self.layer[:-1]:
-            hidden_states = layer(hidden_states, attend)
-        attend_last, select = last
-        out: Tensor = self.layer[-1](hidden_states, attend_last, select(hidden_states))
+        for layer, step in zip(self.layer[:-1], inputs, strict=False):
+            hidden_states = layer(hidden_states, step.attend, None, step.rotary)
+        final, select = last
+        out: Tensor = self.layer[-1](
+            hidden_states, final.attend, select(hidden_states), final.rotary
+        )
         return out
 
 
@@ -277,14 +406,70 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """The encoder: ``forward`` returns the last hidden states ``[B,S,H]``."""
+    """The encoder: ``forward`` returns the last hidden states ``[B,S,H]``.
+
+    Without the next-sentence head (``config.next_sentence_head`` false) there is no
+    ``pooler``; with pre-norm a ``final_norm`` follows the last layer.
+    """
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler: BertPooler | None = BertPooler(config) if config.next_sentence_head else None
+        self.final_norm = make_norm(config) if config.norm_position == "pre" else nn.Identity()
+
+    @property
+    def _positional_attention(self) -> bool:
+        """Whether attention itself reads positions (alibi or sliding-window layers)."""
+        return self.config.position_encoding == "alibi" or self.config.has_local_layers
+
+    def _kind_inputs(
+        self,
+        local: bool,
+        build: Callable[[int, Tensor | None], Attend],
+        key_positions: Tensor,
+        query_positions: Tensor | None = None,
+    ) -> LayerInputs:
+        """The :class:`LayerInputs` of the global or the local layers: ``build(half_window,
+        slopes)`` makes the kernel (half window 0: global; alibi slopes or None), the rotary
+        tables come from the key rows' and the query rows' positions."""
+        config = self.config
+        slopes = None
+        if config.position_encoding == "alibi":
+            slopes = alibi_slopes(config.num_attention_heads).to(key_positions.device)
+        rotary = None
+        if config.position_encoding == "rope":
+            theta = config.rope_theta_local if local else config.rope_theta
+            cos, sin = rotary_tables(key_positions, config.head_dim, theta)
+            cos_q, sin_q = (
+                (cos, sin)
+                if query_positions is None
+                else rotary_tables(query_positions, config.head_dim, theta)
+            )
+            rotary = Rotary(cos, sin, cos_q, sin_q)
+        half = config.local_window // 2 if local else 0
+        return LayerInputs(build(half, slopes), rotary)
+
+    def _layer_inputs(
+        self, build: Callable[[int, Tensor | None], Attend], positions: Tensor
+    ) -> list[LayerInputs]:
+        """One :class:`LayerInputs` per layer, one object per kind of layer (global, local)."""
+        config = self.config
+        kinds: dict[bool, LayerInputs] = {}
+        for local in sorted({config.is_local(i) for i in range(config.num_hidden_layers)}):
+            kinds[local] = self._kind_inputs(local, build, positions)
+        return [kinds[config.is_local(i)] for i in range(config.num_hidden_layers)]
+
+    def _last_inputs(
+        self,
+        build: Callable[[int, Tensor | None], Attend],
+        positions: Tensor,
+        query_positions: Tensor,
+    ) -> LayerInputs:
+        local = self.config.is_local(self.config.num_hidden_layers - 1)
+        return self._kind_inputs(local, build, positions, query_positions)
 
     def forward(
         self,
@@ -315,21 +500,44 @@ class BertModel(nn.Module):
                     kernel,
                     keep_padding=output_positions is None,
                     sequences_per_row=sequences_per_row,
+                    # sliding windows and alibi run on the re-padded buckets on every device:
+                    # torch 2.13's fused fp32 kernel (memory-efficient attention) has only a
+                    # one-sided window and no alibi, and CUDA cannot be tested here
+                    fused=not self._positional_attention,
                 ),
                 (input_ids, segment_ids, position_ids),
                 output_positions,
             )
         hidden = self.embeddings(input_ids, segment_ids, position_ids)
-        attend = DenseAttention.build(backend, sequence_ids)
+
+        def dense(
+            query_ids: Tensor | None, query_positions: Tensor | None
+        ) -> Callable[[int, Tensor | None], Attend]:
+            def build(half: int, slopes: Tensor | None) -> Attend:
+                return DenseAttention.build(
+                    backend,
+                    sequence_ids,
+                    query_ids,
+                    key_positions=position_ids,
+                    query_positions=query_positions,
+                    half_window=half,
+                    slopes=slopes,
+                )
+
+            return build
+
+        inputs = self._layer_inputs(dense(None, None), position_ids)
         if output_positions is None:
-            full: Tensor = self.encoder(hidden, attend)
+            full: Tensor = self.final_norm(self.encoder(hidden, inputs))
             return full
         query_ids = torch.gather(sequence_ids, 1, output_positions)
-        last = DenseAttention.build(backend, sequence_ids, query_ids)
+        query_positions = torch.gather(position_ids, 1, output_positions)
+        last = self._last_inputs(dense(query_ids, query_positions), position_ids, query_positions)
         rows: Tensor = self.encoder(
-            hidden, attend, (last, lambda h: gather_rows(h, output_positions))
+            hidden, inputs, (last, lambda h: gather_rows(h, output_positions))
         )
-        return rows
+        out: Tensor = self.final_norm(rows)
+        return out
 
     def _forward_unpadded(
         self,
@@ -339,9 +547,23 @@ class BertModel(nn.Module):
     ) -> Tensor:
         """The encoder on the real tokens: ``[1,T,H]`` from embeddings to the last layer."""
         hidden = self.embeddings(*(unpadded.gather(x) for x in inputs))
+        positions = unpadded.gather(inputs[2])  # [1,T]
+        layers = self._layer_inputs(
+            lambda half, slopes: unpadded.attention.restricted(positions, None, half, slopes),
+            positions,
+        )
         if output_positions is None:
-            return unpadded.scatter(self.encoder(hidden, unpadded.attention))
+            return unpadded.scatter(self.final_norm(self.encoder(hidden, layers)))
         assert unpadded.last is not None and unpadded.queries is not None
         queries = unpadded.queries
-        rows = self.encoder(hidden, unpadded.attention, (unpadded.last, lambda h: h[:, queries]))
-        return unpadded.scatter(rows, output_positions.shape[1])
+        last_attention = unpadded.last
+        query_positions = positions[:, queries]
+        last = self._last_inputs(
+            lambda half, slopes: last_attention.restricted(
+                positions, query_positions, half, slopes
+            ),
+            positions,
+            query_positions,
+        )
+        rows = self.encoder(hidden, layers, (last, lambda h: h[:, queries]))
+        return unpadded.scatter(self.final_norm(rows), output_positions.shape[1])

@@ -10,9 +10,9 @@ from typing import Any
 
 from omnibert.errors import UserError
 
-#: Activations the encoder implements (Hugging Face names). ``gelu`` is the exact (erf) GELU.
-# integer fields that fix the parameters' shapes and meaning
-ARCHITECTURE_FIELDS = (
+#: the integer fields of original BERT that fix the parameters' shapes (every Google / Hugging
+#: Face BERT config holds them)
+BERT_SHAPE_FIELDS = (
     "vocab_size",
     "hidden_size",
     "num_hidden_layers",
@@ -21,12 +21,40 @@ ARCHITECTURE_FIELDS = (
     "max_position_embeddings",
     "type_vocab_size",
 )
+#: the modern-encoder options (ModernBERT / MosaicBERT style; docs/modern.md): their defaults
+#: are original BERT, so a default config builds exactly BERT's modules and parameter names
+MODERN_FIELDS = (
+    "position_encoding",
+    "rope_theta",
+    "rope_theta_local",
+    "feed_forward",
+    "norm_position",
+    "norm",
+    "bias",
+    "decoder_bias",
+    "embedding_norm",
+    "local_window",
+    "global_every",
+    "tie_word_embeddings",
+    "next_sentence_head",
+)
+#: every field that changes the parameters or their meaning: weights of another architecture
+#: are refused (init_from, Hugging Face import)
+ARCHITECTURE_FIELDS = (*BERT_SHAPE_FIELDS, *MODERN_FIELDS)
+POSITION_ENCODINGS = ("learned", "rope", "alibi")
+FEED_FORWARDS = ("mlp", "geglu", "swiglu")
+NORM_POSITIONS = ("post", "pre")
+NORMS = ("layernorm", "rmsnorm")
+POOLINGS = ("cls", "mean")
+#: Activations the encoder implements (Hugging Face names). ``gelu`` is the exact (erf) GELU.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 #: how the encoder computes attention (omnibert.models.attention); all give the same maths
 ATTENTION_BACKENDS = ("auto", "math", "sdpa", "flex", "varlen")
 #: fields that choose how the model computes, not what: a checkpoint resumes, loads and exports
 #: whatever they are set to, and Hugging Face's config.json neither holds nor sets them
 RUNTIME_FIELDS = ("attention",)
+#: fields that only fine-tuning heads read (what they pool): weights load whatever they are
+FINETUNE_FIELDS = ("pooling",)
 
 
 class BertConfigError(UserError):
@@ -58,15 +86,48 @@ class BertConfig:
     #: attention kernel (``ATTENTION_BACKENDS``): ``auto`` picks by device, dropout and sequence
     #: length (omnibert.models.attention.resolve_attention); ``varlen`` drops the padding
     attention: str = "auto"
+    # --- modern-encoder options (docs/modern.md); the defaults are original BERT
+    #: ``learned`` (BERT's position embedding), ``rope`` (rotary on queries and keys, by the
+    #: batch's position_ids) or ``alibi`` (MosaicBERT's symmetric -slope * |i - j| bias)
+    position_encoding: str = "learned"
+    #: rotary base of the global layers, and of the local (sliding-window) layers
+    rope_theta: float = 10000.0
+    rope_theta_local: float = 10000.0
+    #: ``mlp`` (BERT: Linear, hidden_act, Linear) or a gated ``geglu`` (GELU) / ``swiglu`` (SiLU)
+    feed_forward: str = "mlp"
+    #: ``post`` (BERT: norm after each residual sum) or ``pre`` (norm before attention and
+    #: feed-forward, none before the first attention, one final norm: ModernBERT)
+    norm_position: str = "post"
+    #: ``layernorm`` or ``rmsnorm`` (weight only); ``layer_norm_eps`` is the eps of either
+    norm: str = "layernorm"
+    #: biases of the encoder's Linear layers, of the norms and of the MLM head's transform
+    bias: bool = True
+    #: the MLM decoder's bias (separately from ``bias``)
+    decoder_bias: bool = True
+    #: a norm after the embedding sum
+    embedding_norm: bool = True
+    #: sliding window (tokens in all) of the local layers; 0: every layer global
+    local_window: int = 0
+    #: layer i is global iff i % global_every == 0 (local otherwise, when local_window > 0)
+    global_every: int = 1
+    #: the MLM decoder's weight is the word embedding (else its own parameter)
+    tie_word_embeddings: bool = True
+    #: the NSP head (pooler + seq_relationship); without it the NSP loss is 0
+    next_sentence_head: bool = True
+    #: what fine-tuning heads pool: ``cls`` (the first token) or ``mean`` (over real tokens)
+    pooling: str = "cls"
 
     def __post_init__(self) -> None:
-        for name in (*ARCHITECTURE_FIELDS, "pad_vocab_size_multiple"):
+        for name in (*BERT_SHAPE_FIELDS, "pad_vocab_size_multiple"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            least = 0 if name == "type_vocab_size" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "non-negative" if least == 0 else "positive"
                 raise BertConfigError(
-                    f"model config {name}={value!r} must be a positive integer; set "
+                    f"model config {name}={value!r} must be a {kind} integer; set "
                     f"model.config.{name} to one."
                 )
+        self._check_modern()
         if self.hidden_size % self.num_attention_heads:
             raise BertConfigError(
                 f"model config hidden_size={self.hidden_size} is not a multiple of "
@@ -89,6 +150,63 @@ class BertConfig:
                 raise BertConfigError(
                     f"model config {name}={value!r} must lie in [0, 1); fix model.config.{name}."
                 )
+
+    def _check_modern(self) -> None:
+        choices = (
+            ("position_encoding", POSITION_ENCODINGS),
+            ("feed_forward", FEED_FORWARDS),
+            ("norm_position", NORM_POSITIONS),
+            ("norm", NORMS),
+            ("pooling", POOLINGS),
+        )
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise BertConfigError(
+                    f"model config {name}={getattr(self, name)!r} is not supported; set "
+                    f"model.config.{name} to one of {', '.join(allowed)}."
+                )
+        flags = ("bias", "decoder_bias", "embedding_norm", "tie_word_embeddings")
+        for name in (*flags, "next_sentence_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise BertConfigError(
+                    f"model config {name}={getattr(self, name)!r} must be true or false; set "
+                    f"model.config.{name} to one."
+                )
+        for name, least in (("local_window", 0), ("global_every", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise BertConfigError(
+                    f"model config {name}={value!r} must be an integer of at least {least}; set "
+                    f"model.config.{name} to one."
+                )
+        for name in ("rope_theta", "rope_theta_local"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 1.0:
+                raise BertConfigError(
+                    f"model config {name}={value!r} must be a number above 1 (the rotary base, "
+                    f"e.g. 10000.0); fix model.config.{name}."
+                )
+        if self.position_encoding == "rope" and self.head_dim % 2:
+            raise BertConfigError(
+                f"model config position_encoding=rope needs an even head size, and "
+                f"hidden_size / num_attention_heads is {self.head_dim}; change the head count."
+            )
+
+    def is_local(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) attends within the sliding window only."""
+        return self.local_window > 0 and layer % self.global_every != 0
+
+    @property
+    def has_local_layers(self) -> bool:
+        return any(self.is_local(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def is_bert(self) -> bool:
+        """Whether every modern option is at its default: original BERT (HF ``BertForPreTraining``)."""
+        defaults = BertConfig(vocab_size=self.vocab_size)
+        return self.type_vocab_size > 0 and all(
+            getattr(self, name) == getattr(defaults, name) for name in MODERN_FIELDS
+        )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -122,6 +240,13 @@ class BertConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """A Hugging Face ``config.json`` for ``BertForPreTraining`` (real, unpadded vocab; the
         runtime fields such as ``attention`` are ours, not Hugging Face's, and stay out)."""
+        if not self.is_bert:
+            raise BertConfigError(
+                "this model.config is not original BERT (a modern option or type_vocab_size=0 "
+                "is set), so it has no Hugging Face BertForPreTraining config: it is exported as "
+                "ModernBERT where its options are ModernBERT's, otherwise it has no Hugging Face "
+                "class."
+            )
         return {
             "architectures": ["BertForPreTraining"],
             "model_type": "bert",
@@ -166,7 +291,8 @@ class BertConfig:
         fields = {
             f.name: values.get(f.name, getattr(defaults, f.name))
             for f in dataclasses.fields(cls)
-            if f.name not in ("pad_vocab_size_multiple", *RUNTIME_FIELDS)
+            if f.name not in ("pad_vocab_size_multiple", *RUNTIME_FIELDS, *MODERN_FIELDS)
+            and f.name not in FINETUNE_FIELDS
         }
         return cls(**fields, pad_vocab_size_multiple=pad_vocab_size_multiple)
 
@@ -185,10 +311,13 @@ REGULARISATION_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", 
 
 def architecture_diffs(saved: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
     """``key=saved (this model: ours)`` for every field of ``model`` (a BertConfig as a dict)
-    that differs in ``saved``, regularisation and runtime fields left out: what initial weights
-    must match."""
+    that differs in ``saved``, regularisation, runtime and fine-tuning fields left out: what
+    initial weights must match. A field ``saved`` lacks (a checkpoint written before the field
+    existed) counts as its default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
+    left_out = (*REGULARISATION_FIELDS, *RUNTIME_FIELDS, *FINETUNE_FIELDS)
     return [
-        f"{k}={saved.get(k)!r} (this model: {v!r})"
+        f"{k}={saved.get(k, defaults.get(k))!r} (this model: {v!r})"
         for k, v in model.items()
-        if k not in (*REGULARISATION_FIELDS, *RUNTIME_FIELDS) and saved.get(k) != v
+        if k not in left_out and saved.get(k, defaults.get(k)) != v
     ]

@@ -6,6 +6,9 @@
   the export leaves it out).
 * :class:`BertForSequenceClassification`: ``bert`` + pooler on [CLS] + dropout +
   ``classifier = Linear(hidden, num_labels)`` (``transformers.BertForSequenceClassification``).
+  ``config.pooling`` picks what is pooled: ``cls`` (the first token, BERT) or ``mean`` (the
+  mean over each row's real tokens); an encoder without the next-sentence head has no pooler,
+  and the classifier reads the pooled hidden state itself.
 
 Both take ``input_ids``, ``segment_ids`` and ``attention_mask`` ``[B,S]`` (1 real, 0 padding).
 The encoder's attention is block-diagonal over the mask: real tokens see real tokens only, as
@@ -38,6 +41,15 @@ def _encode(bert: BertModel, input_ids: Tensor, segment_ids: Tensor, mask: Tenso
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     hidden: Tensor = bert(input_ids, segment_ids, positions, mask.long())
     return hidden
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
+    """``[B,H]``: the first token's hidden state (``cls``) or the mean over the real tokens of
+    ``attention_mask`` (``mean``; a row without real tokens pools to zeros)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
 def _init_linear(layer: nn.Linear, std: float) -> None:
@@ -106,7 +118,9 @@ class BertForSequenceClassification(nn.Module):
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor, attention_mask: Tensor) -> Tensor:
         hidden = _encode(self.bert, input_ids, segment_ids, attention_mask)
-        pooled = self.bert.pooler(hidden[:, 0])
+        pooled = pool(hidden, attention_mask, self.config.pooling)
+        if self.bert.pooler is not None:
+            pooled = self.bert.pooler(pooled)
         logits: Tensor = self.classifier(self.dropout(pooled)).float()
         return logits
 

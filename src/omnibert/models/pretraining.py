@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnibert.models.bert import BertModel, hidden_activation, init_bert_weights_
+from omnibert.models.bert import BertModel, hidden_activation, init_bert_weights_, make_norm
 from omnibert.models.config import BertConfig
 
 __all__ = ["BertForPreTraining", "BertLMPredictionHead", "BertPreTrainingHeads"]
@@ -31,26 +31,33 @@ __all__ = ["BertForPreTraining", "BertLMPredictionHead", "BertPreTrainingHeads"]
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
         self.transform_act_fn = hidden_activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = make_norm(config)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
 
 
 class BertLMPredictionHead(nn.Module):
-    """Transform + decoder; ``decoder.weight`` is the word embedding, ``decoder.bias`` is ``bias``."""
+    """Transform + decoder; ``decoder.weight`` is the word embedding (``tie_word_embeddings``,
+    else its own), ``decoder.bias`` is ``bias`` (absent without ``decoder_bias``)."""
 
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        # built on the meta device: both of its parameters are replaced by shared ones below
-        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size, device="meta")
-        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+        vocab = config.padded_vocab_size
+        # tied: built on the meta device, its parameters are replaced by shared ones below
+        device = "meta" if config.tie_word_embeddings else None
+        self.decoder = nn.Linear(config.hidden_size, vocab, bias=config.decoder_bias, device=device)
+        self.bias: nn.Parameter | None = None
+        if config.decoder_bias:
+            self.bias = nn.Parameter(torch.zeros(vocab))
         # the same Parameter objects: tying survives load_state_dict, .to() and deepcopy
-        self.decoder.weight = word_embeddings.weight
-        self.decoder.bias = self.bias
+        if config.tie_word_embeddings:
+            self.decoder.weight = word_embeddings.weight
+        if self.bias is not None:
+            self.decoder.bias = self.bias
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         return self.decoder(self.transform(hidden_states))
@@ -60,7 +67,9 @@ class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.seq_relationship: nn.Linear | None = None
+        if config.next_sentence_head:
+            self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
 def _weighted_mean(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
@@ -81,11 +90,18 @@ class BertForPreTraining(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Google BERT's init (:func:`init_bert_weights_`); the decoder's weight is the word
-        embedding, its bias ``cls.predictions.bias`` (zero)."""
-        init_bert_weights_(self, self.config.initializer_range, skip=self.cls.predictions.decoder)
-        self.cls.predictions.bias.zero_()
+        embedding (untied: its own, same init), its bias ``cls.predictions.bias`` (zero)."""
+        config = self.config
+        decoder = self.cls.predictions.decoder
+        init_bert_weights_(
+            self, config.initializer_range, skip=decoder if config.tie_word_embeddings else None
+        )
+        if self.cls.predictions.bias is not None:
+            self.cls.predictions.bias.zero_()
         # rows past the real vocabulary are never looked up nor scored: keep them at zero
-        self.bert.embeddings.word_embeddings.weight[self.config.vocab_size :].zero_()
+        self.bert.embeddings.word_embeddings.weight[config.vocab_size :].zero_()
+        if not config.tie_word_embeddings:
+            decoder.weight[config.vocab_size :].zero_()
 
     def forward(
         self, batch: Mapping[str, Tensor], *, return_logits: bool = False
@@ -100,20 +116,28 @@ class BertForPreTraining(nn.Module):
         """
         mlm_positions = batch["masked_lm_positions"]
         nsp_positions = batch["nsp_positions"]
+        seq_relationship, pooler = self.cls.seq_relationship, self.bert.pooler
+        nsp = seq_relationship is not None and pooler is not None
         # only the rows the heads read: P masked positions and K [CLS] positions per row
+        # (without the NSP head the masked positions only)
         hidden = self.bert(
             batch["input_ids"],
             batch["segment_ids"],
             batch["position_ids"],
             batch["sequence_ids"],
-            output_positions=torch.cat((mlm_positions, nsp_positions), dim=1),
+            output_positions=(
+                torch.cat((mlm_positions, nsp_positions), dim=1) if nsp else mlm_positions
+            ),
             sequences_per_row=nsp_positions.shape[1],  # one NSP slot per sequence
         )
         predictions = mlm_positions.shape[1]
         mlm_hidden = hidden[:, :predictions].reshape(-1, hidden.shape[-1])
-        nsp_hidden = hidden[:, predictions:].reshape(-1, hidden.shape[-1])
         mlm_logits = self.cls.predictions(mlm_hidden)
-        nsp_logits = self.cls.seq_relationship(self.bert.pooler(nsp_hidden))
+        if seq_relationship is not None and pooler is not None:
+            nsp_hidden = hidden[:, predictions:].reshape(-1, hidden.shape[-1])
+            nsp_logits = seq_relationship(pooler(nsp_hidden))
+        else:
+            nsp_logits = None
 
         vocab = self.config.vocab_size
         mlm_scores = mlm_logits[:, :vocab].float()
@@ -123,23 +147,36 @@ class BertForPreTraining(nn.Module):
         mlm_loss, mlm_count = _weighted_mean(mlm_ce, mlm_weights)
         mlm_hits = (mlm_scores.argmax(-1) == mlm_labels).float()
 
-        nsp_scores = nsp_logits.float()
-        nsp_labels = batch["nsp_labels"].reshape(-1)
-        nsp_weights = batch["nsp_weights"].reshape(-1).float()
-        nsp_ce = F.cross_entropy(nsp_scores, nsp_labels, reduction="none")
-        nsp_loss, nsp_count = _weighted_mean(nsp_ce, nsp_weights)
-        nsp_hits = (nsp_scores.argmax(-1) == nsp_labels).float()
+        if nsp_logits is not None:
+            nsp_scores = nsp_logits.float()
+            nsp_labels = batch["nsp_labels"].reshape(-1)
+            nsp_weights = batch["nsp_weights"].reshape(-1).float()
+            nsp_ce = F.cross_entropy(nsp_scores, nsp_labels, reduction="none")
+            nsp_loss, nsp_count = _weighted_mean(nsp_ce, nsp_weights)
+            nsp_hits = (nsp_scores.argmax(-1) == nsp_labels).float()
+            nsp_correct = (nsp_hits * nsp_weights).sum()
+            loss = mlm_loss + nsp_loss
+        else:
+            # no NSP head: the same keys, NSP terms a zero on the device (no graph, no grad)
+            nsp_loss = mlm_loss.new_zeros(())
+            nsp_correct, nsp_count = nsp_loss.clone(), nsp_loss.clone()
+            loss = mlm_loss
 
         out = {
-            "loss": mlm_loss + nsp_loss,
+            "loss": loss,
             "mlm_loss": mlm_loss,
             "nsp_loss": nsp_loss,
             "mlm_correct": (mlm_hits * mlm_weights).sum(),
             "mlm_count": mlm_count,
-            "nsp_correct": (nsp_hits * nsp_weights).sum(),
+            "nsp_correct": nsp_correct,
             "nsp_count": nsp_count,
         }
         if return_logits:
             out["mlm_logits"] = mlm_logits.view(*mlm_positions.shape, -1)
-            out["nsp_logits"] = nsp_logits.view(*nsp_positions.shape, 2)
+            # without the NSP head: zeros (nsp_count is 0, nothing reads them)
+            out["nsp_logits"] = (
+                nsp_logits.view(*nsp_positions.shape, 2)
+                if nsp_logits is not None
+                else mlm_logits.new_zeros(*nsp_positions.shape, 2)
+            )
         return out

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-BERT_NO_WEIGHT_DECAY = ("bias", "LayerNorm", "layer_norm")
+#: ``_norm``: the pre-norm encoders' ``attn_norm`` / ``mlp_norm`` / ``final_norm`` (docs/modern.md)
+BERT_NO_WEIGHT_DECAY = ("bias", "LayerNorm", "layer_norm", "_norm")
 
 NamedParams = Iterable[tuple[str, Tensor]]
 

@@ -101,7 +101,13 @@ def export_hf_finetuned(
     """
 
     model = finetuned.task.model
-    hf = model.config.to_hf_dict()
+    hf = model.config.to_hf_dict()  # refuses a non-BERT architecture, before any file
+    if finetuned.task.head != "question_answering" and model.config.pooling != "cls":
+        raise FineTuneInputError(
+            f"this classifier pools with model.config.pooling={model.config.pooling!r}, which "
+            "Hugging Face's BertForSequenceClassification (pooler on [CLS]) cannot express; "
+            "export a model fine-tuned with pooling=cls."
+        )
     hf["finetuning_task"] = finetuned.recipe.get("name")
     leave_out: tuple[str, ...] = ()
     if finetuned.task.head == "question_answering":

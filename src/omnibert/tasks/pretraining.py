@@ -273,7 +273,10 @@ class PretrainingTask(TrainingTask):
         for metric in self.val_labels.values():
             cast(LabelHistogram, metric).reset()
         mlm_loss = sums["mlm_loss"] / sums["mlm_count"]
-        nsp_loss = sums["nsp_loss"] / sums["nsp_count"]
+        # a model without the NSP head (model.config.next_sentence_head=false) counts no NSP
+        # slot: its NSP loss is 0 (val/loss = val/mlm_loss), its NSP accuracy undefined (nan)
+        nsp_count = sums["nsp_count"]
+        nsp_loss = torch.where(nsp_count > 0, sums["nsp_loss"] / nsp_count, 0.0)
         return {
             "val/mlm_acc": sums["mlm_correct"] / sums["mlm_count"],
             "val/nsp_acc": sums["nsp_correct"] / sums["nsp_count"],
