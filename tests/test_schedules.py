@@ -276,5 +276,5 @@ def test_a_bad_wsd_key_is_one_sentence_before_compute():
     optimizer = {"_target_": "omnibert.optim.AdamW", "_partial_": True, "lr": 1e-3}
     schedule = {"_target_": "omnibert.optim.schedules.WarmupStableDecayLR", "_partial_": True,
                 "warmup_steps": 10, "decay_shape": "quadratic"}  # fmt: skip
-    with pytest.raises(TrainConfigError, match="decay_shape='quadratic'.*fix the schedule keys"):
+    with pytest.raises(TrainConfigError, match=r"decay_shape='quadratic'.*fix the schedule keys"):
         check_optimizer(optimizer, schedule, 100)
