@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import math
 import re
 
@@ -84,10 +85,12 @@ def test_validation_metrics_without_a_next_sentence_head_have_no_nsp(mlm_only):
     assert all(math.isfinite(v) for v in metrics.values())
 
 
-def test_an_mlm_only_run_logs_and_reports_no_nsp(mlm_only, tmp_path, capsys):
+def test_an_mlm_only_run_logs_and_reports_no_nsp(mlm_only, tmp_path, capsys, caplog):
     out = tmp_path / "out"
-    summary = train(compose("pretrain", [*SMOKE, *mlm_only, f"paths.output_root={tmp_path}"]),
-                    out)  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        summary = train(compose("pretrain", [*SMOKE, *mlm_only, f"paths.output_root={tmp_path}"]),
+                        out)  # fmt: skip
+    assert not [r for r in caplog.records if "next-sentence" in r.getMessage()]
     printed = capsys.readouterr().out
     assert summary["objective"] == "MLM only"
     assert summary["plan"]["objective"] == "MLM only"
@@ -120,6 +123,14 @@ def test_an_mlm_only_run_logs_and_reports_no_nsp(mlm_only, tmp_path, capsys):
     assert report["mlm_accuracy"] == pytest.approx(val["val/mlm_acc"], abs=1e-6)
     assert report["loss"] == pytest.approx(val["val/mlm_loss"], rel=1e-5)
     assert "next-sentence" not in printed and "objective           MLM only" in printed
+
+
+def test_a_next_sentence_head_on_rows_without_pairs_is_warned_about(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="omnibert.train"):
+        train(compose("pretrain", [*SMOKE, "phase.max_steps=1", "val_every_n_steps=null",
+                                   f"paths.output_root={tmp_path}"]), None)  # fmt: skip
+    warned = [r.getMessage() for r in caplog.records if "next-sentence head" in r.getMessage()]
+    assert len(warned) == 1 and "set model.config.next_sentence_head=false" in warned[0]
 
 
 def test_a_bert_run_still_reports_next_sentence(tmp_path):
@@ -161,3 +172,24 @@ def test_a_bad_masking_rate_is_named(tmp_path, capsys):
         train(compose("pretrain", ["experiment=smoke", "data.masked_lm_prob=1.5",
                                    f"paths.output_root={tmp_path}"]), None)  # fmt: skip
     assert "data.masked_lm_prob=1.5 must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_the_modern_smoke_experiment_trains_mlm_only_on_the_wsd_schedule(tmp_path, capsys):
+    """experiment=modern_smoke end to end (needs conf/model/modern_tiny.yaml and the model's
+    next_sentence_head field): MLM only, 30 % masking, AdamW, and the LR of every step on
+    the warmup-stable-decay curve (2 warmup steps, peak 1e-3, 1-sqrt decay over the last 4
+    of 12)."""
+    out = tmp_path / "out"
+    cfg = compose("pretrain", ["experiment=modern_smoke", "logger=csv",
+                               f"paths.output_root={tmp_path}"])  # fmt: skip
+    summary = train(cfg, out)
+    assert summary["steps"] == 12 and summary["objective"] == "MLM only"
+    assert _no_nsp(summary["validation"]) == [] and summary["validation"]["val/samples"] == 20
+    metrics = next(tmp_path.rglob("metrics.csv"))
+    with metrics.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/lr")]
+    assert _no_nsp(rows[0]) == []
+    lrs = {int(r["step"]): float(r["train/lr"]) for r in rows}
+    peak = 1e-3
+    want = [0.0, peak / 2, *[peak] * 7] + [peak * (1 - math.sqrt(p)) for p in (0.25, 0.5, 0.75)]
+    assert [lrs[t] for t in range(12)] == pytest.approx(want, rel=1e-6, abs=1e-12)

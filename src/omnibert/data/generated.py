@@ -225,7 +225,7 @@ class GeneratedSource(RowSource):
         self._num_eval_samples = num_eval_samples
         self.length_histogram = length_histogram
         self._masked_lm_prob = float(masked_lm_prob)
-        self.next_sentence = bool(next_sentence)
+        self.next_sentence_rows = bool(next_sentence)
         self._spec: RowSpec | None = None
         self._lengths: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
@@ -265,6 +265,10 @@ class GeneratedSource(RowSource):
     def masked_lm_prob(self) -> float:
         return self._masked_lm_prob
 
+    @property
+    def next_sentence(self) -> bool:
+        return self.next_sentence_rows
+
     def describe(self) -> dict[str, Any]:
         return {
             "format": self.format,
@@ -273,7 +277,7 @@ class GeneratedSource(RowSource):
             "vocab_size": self._vocab_size,
             "length_histogram": self.length_histogram,
             "masked_lm_prob": self._masked_lm_prob,
-            "next_sentence": self.next_sentence,
+            "next_sentence": self.next_sentence_rows,
         }
 
     def _histogram(self) -> list[int] | None:
@@ -322,5 +326,5 @@ class GeneratedSource(RowSource):
             split=0 if split == "train" else 1,
             length_histogram=self._histogram(),
             masked_lm_prob=self._masked_lm_prob,
-            next_sentence=self.next_sentence,
+            next_sentence=self.next_sentence_rows,
         )

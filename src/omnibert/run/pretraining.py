@@ -174,6 +174,14 @@ def plan_run(
             model_fields,
         )
     check_optimizer(config.optimizer, config.schedule, config.max_steps)
+    next_sentence = next_sentence_objective(model)
+    if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:
+        log.warning(
+            "the training rows are single segments without next-sentence pairs (prepared "
+            "with next_sentence=false) but the model has a next-sentence head, which would "
+            "only learn their constant label 0; set model.config.next_sentence_head=false "
+            "(MLM only)."
+        )
     if micro_clip is not None and precision.startswith("16"):
         raise TrainConfigError(
             f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
@@ -217,7 +225,7 @@ def plan_run(
         clip_grad_per_micro_batch=micro_clip,
         precision=precision,
         data=datamodule.describe(),
-        objective=objective_name(next_sentence_objective(model)),
+        objective=objective_name(next_sentence),
         model=model,
         init=init,
     )

@@ -292,7 +292,8 @@ class PretrainingTask(TrainingTask):
         sums = {k: self._val_sum(k).compute() for k in VAL_SUMS}  # synced over ranks
         for key in VAL_SUMS:
             self._val_sum(key).reset()
-        baselines = {k: cast(LabelHistogram, m).compute() for k, m in self.val_labels.items()}
+        used = ("mlm", "nsp") if self.next_sentence else ("mlm",)
+        baselines = {k: cast(LabelHistogram, self.val_labels[k]).compute() for k in used}
         for metric in self.val_labels.values():
             cast(LabelHistogram, metric).reset()
         mlm_loss = sums["mlm_loss"] / sums["mlm_count"]
