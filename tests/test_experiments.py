@@ -46,16 +46,24 @@ RECIPES: dict[str, dict[str, Any]] = {
                   "phases": {"phase1": (None, 256, 128), "phase2": (None, 256, 512)}},
     "mlperf_gpu8": {"accelerator": "gpu", "devices": 8, "micro": 56, "global": 448,
                     "precision": "16-mixed"},
+    "mosaicbert_base_gpu8": {"accelerator": "gpu", "devices": 8, "micro": 128, "global": 4096,
+                             "precision": "bf16-mixed"},
+    "modernbert_base_gpu8": {"accelerator": "gpu", "devices": 8, "micro": 96, "global": 4608,
+                             "precision": "bf16-mixed"},
 }  # fmt: skip
 #: the small ones for a laptop and the tests, checked by training elsewhere (test_train_config)
 SMALL = {"demo", "demo_two_phase", "mlperf_smoke", "quickstart", "smoke", "smoke_two_phase",
          "two_phase"}  # fmt: skip
+#: the modern recipe's CPU run, trained end to end in test_mlm_only.py (its own step count
+#: and schedule, not the common smoke overrides of test_train_config)
+MODERN_SMALL = {"modern_smoke"}
 #: the fine-tuning recipes (omnibert-finetune): task, epochs, LR, global batch
 FINETUNE = {"squad_bert_base": ("squad", 3, 5e-5, 32), "mrpc_bert_base": ("mrpc", 3, 2e-5, 32)}
 
 
 def test_every_experiment_is_listed_here():
-    assert set(group_options("experiment")) == set(RECIPES) | SMALL | set(FINETUNE) | {"glue"}
+    listed = set(RECIPES) | SMALL | MODERN_SMALL | set(FINETUNE) | {"glue"}
+    assert set(group_options("experiment")) == listed
 
 
 def test_the_glue_suite_sweeps_every_glue_task_over_three_seeds():

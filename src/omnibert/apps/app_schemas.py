@@ -64,6 +64,7 @@ class PrepareConfig:
     dupe_factor: int = 10
     random_seed: int = 12345
     do_whole_word_mask: bool = False
+    next_sentence: bool = True
     num_workers: int = 1
     eval_samples: Optional[int] = None  # noqa: UP045
     overwrite: bool = False

@@ -1,4 +1,4 @@
-"""``omnibert-eval``: masked-LM / next-sentence accuracy of any checkpoint on a prepared eval
+"""``omnibert-eval``: masked-LM (and, with that head, next-sentence) accuracy of any checkpoint on a prepared eval
 set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.evaluation.evaluate`, then print and
 write the report."""
 
@@ -35,20 +35,34 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
-    step = "" if report["step"] is None else f", step {report['step']:,}"
-    print(
-        f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}{step}) on "
-        f"{report['samples']:,} samples, {report['masked_tokens']:,} masked tokens\n"
-        f"  masked-LM accuracy  {report['mlm_accuracy']:.5f} (majority baseline "
-        f"{report['mlm_majority_baseline']:.5f})\n"
-        f"  next-sentence acc.  {report['nsp_accuracy']:.5f} (majority baseline "
-        f"{report['nsp_majority_baseline']:.5f})\n"
-        f"  loss                {report['loss']:.5f} (masked-LM {report['mlm_loss']:.5f}, "
-        f"next-sentence {report['nsp_loss']:.5f})\n"
-        f"  report              {', '.join(str(p) for p in paths) or '(not written)'}",
-        flush=True,
-    )
+    print(_text(report, paths), flush=True)
     return report
+
+
+def _text(report: dict[str, Any], paths: list[Path]) -> str:
+    """The printed report; the next-sentence lines only for a model with that head."""
+    step = "" if report["step"] is None else f", step {report['step']:,}"
+    nsp = "nsp_accuracy" in report
+    lines = [
+        f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}{step}) on "
+        f"{report['samples']:,} samples, {report['masked_tokens']:,} masked tokens",
+        f"  objective           {report['objective']}",
+        f"  masked-LM accuracy  {report['mlm_accuracy']:.5f} (majority baseline "
+        f"{report['mlm_majority_baseline']:.5f})",
+    ]
+    if nsp:
+        lines.append(
+            f"  next-sentence acc.  {report['nsp_accuracy']:.5f} (majority baseline "
+            f"{report['nsp_majority_baseline']:.5f})"
+        )
+        lines.append(
+            f"  loss                {report['loss']:.5f} (masked-LM {report['mlm_loss']:.5f}, "
+            f"next-sentence {report['nsp_loss']:.5f})"
+        )
+    else:
+        lines.append(f"  loss                {report['loss']:.5f} (masked-LM)")
+    lines.append(f"  report              {', '.join(str(p) for p in paths) or '(not written)'}")
+    return "\n".join(lines)
 
 
 def run_or_exit(cfg: DictConfig, output_dir: Path | None) -> dict[str, Any]:

@@ -118,10 +118,15 @@ def _print_summary(summary: dict[str, Any], output_dir: Path | None) -> None:
         f"omnibert-train: done, {summary['steps']} steps in {summary['fit_seconds']:.1f} s",
     ]
     if val:
+        nsp = (
+            f"NSP accuracy {val['val/nsp_acc']:.4f} (majority baseline "
+            f"{val['val/nsp_majority_baseline']:.4f}), "
+            if "val/nsp_acc" in val
+            else ""
+        )
         lines.append(
             f"  validation    MLM accuracy {val['val/mlm_acc']:.4f} (majority baseline "
-            f"{val['val/mlm_majority_baseline']:.4f}), NSP accuracy {val['val/nsp_acc']:.4f} "
-            f"(majority baseline {val['val/nsp_majority_baseline']:.4f}), loss "
+            f"{val['val/mlm_majority_baseline']:.4f}), {nsp}loss "
             f"{val['val/loss']:.4f} (step {int(val['step'])})"
         )
     if speed.get("samples_per_sec"):

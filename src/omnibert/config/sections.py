@@ -28,6 +28,8 @@ __all__ = [
     "Trainer",
     "at_least",
     "flag",
+    "next_sentence_objective",
+    "objective_name",
     "positive_int",
     "shared_sections",
 ]
@@ -229,6 +231,20 @@ def _seconds(key: str, value: Any) -> float:
     if not value > 0 or value == float("inf"):
         raise ConfigError(f"{key}={value!r} must be a number of seconds above 0; fix {key}.")
     return float(value)
+
+
+def next_sentence_objective(model_config: Any) -> bool:
+    """Whether a model trains (and is scored on) next-sentence prediction besides masked-LM:
+    ``model.config.next_sentence_head``, read from a :class:`BertConfig` or its dict; true
+    where the field is absent (BERT's objective, and every config written before it)."""
+    if isinstance(model_config, Mapping):
+        return bool(model_config.get("next_sentence_head", True))
+    return bool(getattr(model_config, "next_sentence_head", True))
+
+
+def objective_name(next_sentence: bool) -> str:
+    """The objective as the plan, the summary and omnibert-eval's report name it."""
+    return "MLM + next-sentence" if next_sentence else "MLM only"
 
 
 @dataclass(frozen=True)

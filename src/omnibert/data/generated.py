@@ -4,8 +4,10 @@ Each row is drawn from counter-based random numbers keyed by (seed, split, index
 is the same in every run, batch, worker and rank, and the resumable sampler makes a generated run
 resume exactly like a real one. Rows look like ``create_pretraining_data.py`` output: mostly
 full-length (10% shorter, as ``short_seq_prob``), ``[CLS] A [SEP] B [SEP]`` with segment ids,
-15% of the tokens (at most ``max_predictions_per_seq``) masked at sorted positions that are
-never special tokens (80% ``[MASK]``, 10% random, 10% kept), random next-sentence labels.
+15% of the tokens (``masked_lm_prob``; at most ``max_predictions_per_seq``) masked at sorted
+positions that are never special tokens (80% ``[MASK]``, 10% random, 10% kept), random
+next-sentence labels. With ``next_sentence=False`` a row is one segment, ``[CLS] A [SEP]``
+(segment 0, label 0), as ``omnibert-prepare next_sentence=false`` writes for an MLM-only model.
 
 Special ids follow Google's uncased BERT vocab (``[PAD]`` 0, ``[CLS]`` 101, ``[SEP]`` 102,
 ``[MASK]`` 103, words from 104) when ``vocab_size`` > 1000, else ids 0-4 as
@@ -58,6 +60,8 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         seed: int,
         split: int = 0,
         length_histogram: Sequence[int] | None = None,
+        masked_lm_prob: float = 0.15,
+        next_sentence: bool = True,
     ) -> None:
         self.num_samples = num_samples
         self._length_cdf: FloatArray | None = None
@@ -75,6 +79,8 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         self.max_predictions_per_seq = max_predictions_per_seq
         self.seed = seed
         self.split = split
+        self.masked_lm_prob = float(masked_lm_prob)
+        self.next_sentence = bool(next_sentence)
         bert = vocab_size > 1000
         self.cls_id, self.sep_id, self.mask_id = (101, 102, 103) if bert else (2, 3, 4)
         self.first_word = 104 if bert else 5
@@ -104,7 +110,8 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         else:  # full, or uniform in [MIN_SEQ_LENGTH, s] for 10% of the rows
             span = np.floor(short[:, 1] * (s - MIN_SEQ_LENGTH + 1)).astype(np.int64)
             length = np.where(short[:, 0] < 0.1, MIN_SEQ_LENGTH + span, s)
-        count = np.minimum(np.maximum(1, np.rint(length * 0.15).astype(np.int64)), p)
+        count = np.rint(length * self.masked_lm_prob).astype(np.int64)
+        count = np.minimum(np.maximum(1, count), p)
         return length, count
 
     def row_lengths(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -126,7 +133,9 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         len_a = 1 + np.floor(self._uniform(keys, 1, 1)[:, 0] * (length - 4)).astype(np.int64)
         words = self.vocab_size - self.first_word
         tokens = self.first_word + np.floor(self._uniform(keys, 2, s) * words).astype(np.int64)
-        sep_a, last = len_a + 1, length - 1
+        last = length - 1
+        # one segment without sentence pairs: the first [SEP] is the last one
+        sep_a = len_a + 1 if self.next_sentence else last
         tokens[:, 0] = self.cls_id
         tokens[np.arange(n), sep_a] = self.sep_id
         tokens[np.arange(n), last] = self.sep_id
@@ -143,6 +152,8 @@ class GeneratedRows(torch.utils.data.Dataset[dict[str, Any]]):
         input_ids = np.where(chosen & (how >= 0.8) & (how < 0.9), swap, input_ids)
         real = col < length[:, None]
         label = (self._uniform(keys, 6, 1)[:, 0] < 0.5).astype(np.int8)
+        if not self.next_sentence:
+            label[:] = 0
 
         def ragged(values: npt.NDArray[Any], lengths: npt.NDArray[np.int64]) -> pa.Array:
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
@@ -179,6 +190,10 @@ class GeneratedSource(RowSource):
             omnibert-prepare ``metadata.json``): rows then have that distribution.
         eval_samples: evaluate only the first N of the eval rows (as the file sources'
             ``data.eval_samples``); ``None``: all ``num_eval_samples``.
+        masked_lm_prob: the share of a row's tokens masked (at most
+            ``phase.max_predictions_per_seq``; at least one).
+        next_sentence: sentence pairs with random next-sentence labels (BERT), or one
+            segment per row with label 0 (``False``: for an MLM-only model).
     """
 
     format = "generated"
@@ -190,7 +205,14 @@ class GeneratedSource(RowSource):
         num_eval_samples: int = 1024,
         length_histogram: str | None = None,
         eval_samples: int | None = None,
+        masked_lm_prob: float = 0.15,
+        next_sentence: bool = True,
     ) -> None:
+        if not 0.0 < masked_lm_prob < 1.0:
+            raise DataConfigError(
+                f"data.masked_lm_prob={masked_lm_prob} must be between 0 and 1 (0.15: BERT, "
+                "0.3: MosaicBERT and ModernBERT); fix data.masked_lm_prob."
+            )
         if eval_samples is not None and eval_samples > num_eval_samples:
             raise DataConfigError(
                 f"data.eval_samples={eval_samples} but data.num_eval_samples={num_eval_samples} "
@@ -202,6 +224,8 @@ class GeneratedSource(RowSource):
         self._num_train_samples = num_train_samples
         self._num_eval_samples = num_eval_samples
         self.length_histogram = length_histogram
+        self._masked_lm_prob = float(masked_lm_prob)
+        self.next_sentence_rows = bool(next_sentence)
         self._spec: RowSpec | None = None
         self._lengths: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
@@ -239,7 +263,11 @@ class GeneratedSource(RowSource):
 
     @property
     def masked_lm_prob(self) -> float:
-        return 0.15  # GeneratedRows masks 15% of the tokens, as the reference
+        return self._masked_lm_prob
+
+    @property
+    def next_sentence(self) -> bool:
+        return self.next_sentence_rows
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -248,6 +276,8 @@ class GeneratedSource(RowSource):
             "eval_samples": self._num_eval_samples,
             "vocab_size": self._vocab_size,
             "length_histogram": self.length_histogram,
+            "masked_lm_prob": self._masked_lm_prob,
+            "next_sentence": self.next_sentence_rows,
         }
 
     def _histogram(self) -> list[int] | None:
@@ -295,4 +325,6 @@ class GeneratedSource(RowSource):
             seed=spec.seed,
             split=0 if split == "train" else 1,
             length_histogram=self._histogram(),
+            masked_lm_prob=self._masked_lm_prob,
+            next_sentence=self.next_sentence_rows,
         )

@@ -44,6 +44,7 @@ _SETTINGS = (
     "dupe_factor",
     "random_seed",
     "do_whole_word_mask",
+    "next_sentence",
     "eval_samples",
     "max_shard_size",
 )

@@ -107,6 +107,13 @@ class RowSource:
         """The masking rate the training rows were made with (None when unrecorded)."""
         return None
 
+    @property
+    def next_sentence(self) -> bool | None:
+        """Whether the training rows are sentence pairs with next-sentence labels (False:
+        single segments with label 0, ``omnibert-prepare next_sentence=false``); None when
+        unrecorded (TFRecord, HDF5: the reference's pairs)."""
+        return None
+
     def row_lengths(self) -> tuple[Ints, Ints]:
         """Tokens and masked positions of every training row, in row order."""
         raise NotImplementedError
@@ -266,6 +273,12 @@ class ArrowSource(RowSource):
         settings = (self.splits["train"].metadata or {}).get("settings") or {}
         prob = settings.get("masked_lm_prob")
         return None if prob is None else float(prob)
+
+    @property
+    def next_sentence(self) -> bool | None:
+        # recorded only when false (absent: the pairs of every earlier version)
+        settings = (self.splits["train"].metadata or {}).get("settings") or {}
+        return bool(settings.get("next_sentence", True))
 
     def row_lengths(self) -> tuple[Ints, Ints]:
         if self._lengths is None:

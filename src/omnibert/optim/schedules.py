@@ -20,6 +20,12 @@ Step the scheduler once per optimiser step (Lightning: ``"interval": "step"``).
 * :class:`StepTableLR`: a step→LR table, piecewise constant (or linear with ``interpolate``).
 * Linear warmup + linear decay is :class:`PolyWarmupLR` with ``power=1``
   (``conf/schedule/linear_warmup.yaml``).
+* :class:`WarmupStableDecayLR`: warmup-stable-decay ("trapezoidal", WSD): the same warmup to
+  the peak, the peak held, then a decay to ``end_lr`` over the last ``D`` steps ending at
+  ``T`` (``D = decay_steps``, or ``decay_proportion·T``). With ``p = (step - (T - D))/D``
+  clipped to [0, 1]: ``lr = end_lr + (base - end_lr)·f(p)``, ``f`` one of ``linear``
+  (``1 - p``), ``cosine`` (``(1 + cos(pi·p))/2``) and ``1-sqrt`` (``1 - sqrt(p)``, Hägele et
+  al. 2024, the shape ModernBERT decayed with).
 
 Scheduler state is plain numbers, so it round-trips through ``weights_only`` checkpoints.
 """
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch.optim import Optimizer
@@ -138,6 +144,78 @@ class NaturalExpWarmupLR(_WarmupSchedule):
         if self.staircase:
             ratio = math.floor(ratio)
         return base_lr * math.exp(-self.decay_rate * ratio)
+
+
+#: the decay shapes of :class:`WarmupStableDecayLR`: the fraction of ``base - end_lr`` left
+#: at progress ``p`` in [0, 1] through the decay
+DECAY_SHAPES: dict[str, Callable[[float], float]] = {
+    "linear": lambda p: 1.0 - p,
+    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+    "1-sqrt": lambda p: 1.0 - math.sqrt(p),
+}
+
+
+class WarmupStableDecayLR(_WarmupSchedule):
+    """Linear warmup, the peak LR held, then a decay to ``end_lr`` over the last
+    ``decay_steps`` (or ``decay_proportion·total_steps``) steps (module doc).
+
+    The decay ends at ``total_steps`` and must not start before the warmup ends; a step past
+    ``total_steps`` keeps ``end_lr``. ``decay_steps=0`` (or ``decay_proportion=0``) holds the
+    peak to the end: a run meant to be continued (ModernBERT's main phase).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_steps: float | None = None,
+        warmup_proportion: float = 0.0,
+        decay_proportion: float = 0.1,
+        decay_steps: float | None = None,
+        decay_shape: str = "1-sqrt",
+        end_lr: float = 0.0,
+        start_warmup_step: int = 0,
+        last_epoch: int = -1,
+    ) -> None:
+        if decay_shape not in DECAY_SHAPES:
+            raise ValueError(
+                f"schedule decay_shape={decay_shape!r} is not one of "
+                f"{', '.join(DECAY_SHAPES)}; pick one of them."
+            )
+        if decay_steps is not None:
+            if decay_steps < 0:
+                raise ValueError(f"schedule decay_steps must be >= 0, got {decay_steps}.")
+            decay = float(decay_steps)
+        elif not 0.0 <= decay_proportion <= 1.0:
+            raise ValueError(
+                f"schedule decay_proportion must be in [0, 1], got {decay_proportion}."
+            )
+        else:
+            decay = float(decay_proportion) * int(total_steps)
+        self.decay_shape = str(decay_shape)
+        self.decay_steps = decay
+        self.end_lr = float(end_lr)
+        warmup = _warmup_steps(int(total_steps), warmup_steps, warmup_proportion)
+        if warmup + start_warmup_step > int(total_steps) - decay + 1e-9:
+            raise ValueError(
+                f"schedule warmup ({warmup:g} steps) and decay ({decay:g} steps) overlap in a "
+                f"{int(total_steps)}-step run; shorten schedule.decay_steps / "
+                "schedule.decay_proportion or the phase's warmup."
+            )
+        super().__init__(
+            optimizer, total_steps, warmup_steps, warmup_proportion, start_warmup_step, last_epoch
+        )
+
+    @property
+    def decay_start(self) -> float:
+        """The step the decay begins at (``total_steps - decay_steps``)."""
+        return self.total_steps - self.decay_steps
+
+    def decayed(self, step: int, base_lr: float) -> float:
+        if self.decay_steps <= 0:  # no decay: the peak to the end
+            return base_lr
+        progress = min(max(step - self.decay_start, 0.0) / self.decay_steps, 1.0)
+        return self.end_lr + (base_lr - self.end_lr) * DECAY_SHAPES[self.decay_shape](progress)
 
 
 class StepTableLR(LRScheduler):

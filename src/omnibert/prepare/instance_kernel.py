@@ -302,3 +302,124 @@ def create_instances_kernel(
         out_mlm_offsets[: n_inst + 1].copy(),
         final_order,
     )
+
+
+@njit(cache=True)
+def create_single_segment_kernel(
+    state: np.ndarray,
+    tokens: np.ndarray,
+    seg_offsets: np.ndarray,
+    doc_offsets: np.ndarray,
+    max_seq_length: int,
+    short_seq_prob: float,
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    dupe_factor: int,
+    do_whole_word_mask: bool,
+    word_ids: np.ndarray,
+    is_subword: np.ndarray,
+    cls_id: int,
+    sep_id: int,
+    mask_id: int,
+) -> tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+]:
+    """Instances without sentence pairs (``next_sentence=false``): ``[CLS] A [SEP]``, ``A`` a
+    contiguous run of one document's tokens (sentence boundaries ignored), as RoBERTa's
+    and ModernBERT's MLM-only data.
+
+    The same inputs, outputs and random generator as :func:`create_instances_kernel`:
+    ``shuffle(documents)``; ``dupe_factor`` passes; per document ``random() <
+    short_seq_prob`` → its chunks hold ``randint(2, max_seq_length - 2)`` tokens, else
+    ``max_seq_length - 2``; the document's tokens cut into chunks of that size (the last one
+    the remainder), each masked as the reference masks (``len_a`` = the chunk, so no
+    ``[SEP]`` in the middle); ``shuffle(instances)``. Labels are 0."""
+    n_docs = doc_offsets.shape[0] - 1
+    max_num_tokens = max_seq_length - 2
+    ids = np.empty(max_seq_length, dtype=tokens.dtype)
+    positions = np.empty(max_predictions_per_seq + 1, dtype=np.int64)
+    labels = np.empty(max_predictions_per_seq + 1, dtype=tokens.dtype)
+    cand = np.empty(max_seq_length, dtype=np.int64)
+    group_starts = np.empty(max_seq_length + 1, dtype=np.int64)
+    order = np.empty(max_seq_length, dtype=np.int64)
+
+    docs = np.arange(n_docs)
+    shuffle_inplace(state, docs)
+
+    capacity = 1024
+    out_ids = np.empty(capacity * max_seq_length, dtype=tokens.dtype)
+    out_offsets = np.zeros(capacity + 1, dtype=np.int64)
+    out_len_a = np.empty(capacity, dtype=np.int32)
+    out_labels_nsp = np.zeros(capacity, dtype=np.int8)
+    out_positions = np.empty(capacity * max_predictions_per_seq, dtype=np.int32)
+    out_labels = np.empty(capacity * max_predictions_per_seq, dtype=tokens.dtype)
+    out_mlm_offsets = np.zeros(capacity + 1, dtype=np.int64)
+    n_inst = 0
+
+    for _dupe in range(dupe_factor):
+        for document_index in range(n_docs):
+            doc = docs[document_index]
+            first = seg_offsets[doc_offsets[doc]]
+            stop = seg_offsets[doc_offsets[doc + 1]]
+            chunk = max_num_tokens
+            if random_float(state) < short_seq_prob:
+                chunk = randint(state, 2, max_num_tokens)
+            start = first
+            while start < stop:
+                len_a = min(chunk, stop - start)
+                n = len_a + 2
+                ids[0] = cls_id
+                ids[1 : 1 + len_a] = tokens[start : start + len_a]
+                ids[n - 1] = sep_id
+                start += len_a
+                count = _mask_instance(
+                    state,
+                    ids,
+                    n,
+                    len_a,
+                    masked_lm_prob,
+                    max_predictions_per_seq,
+                    do_whole_word_mask,
+                    is_subword,
+                    word_ids,
+                    mask_id,
+                    positions,
+                    labels,
+                    cand,
+                    group_starts,
+                    order,
+                )
+                if n_inst == out_len_a.shape[0]:
+                    capacity = 2 * n_inst
+                    out_offsets = _grow(out_offsets, capacity + 1)
+                    out_len_a = _grow(out_len_a, capacity)
+                    out_labels_nsp = _grow(out_labels_nsp, capacity)
+                    out_mlm_offsets = _grow(out_mlm_offsets, capacity + 1)
+                begin = out_offsets[n_inst]
+                out_ids = _grow(out_ids, begin + n)
+                out_ids[begin : begin + n] = ids[:n]
+                out_offsets[n_inst + 1] = begin + n
+                out_len_a[n_inst] = len_a
+                out_labels_nsp[n_inst] = 0
+                m0 = out_mlm_offsets[n_inst]
+                out_positions = _grow(out_positions, m0 + count)
+                out_labels = _grow(out_labels, m0 + count)
+                out_positions[m0 : m0 + count] = positions[:count]
+                out_labels[m0 : m0 + count] = labels[:count]
+                out_mlm_offsets[n_inst + 1] = m0 + count
+                n_inst += 1
+
+    final_order = np.arange(n_inst)
+    shuffle_inplace(state, final_order)
+    n_tokens = out_offsets[n_inst]
+    n_masked = out_mlm_offsets[n_inst]
+    return (
+        out_ids[:n_tokens].copy(),
+        out_offsets[: n_inst + 1].copy(),
+        out_len_a[:n_inst].copy(),
+        out_labels_nsp[:n_inst].copy(),
+        out_positions[:n_masked].copy(),
+        out_labels[:n_masked].copy(),
+        out_mlm_offsets[: n_inst + 1].copy(),
+        final_order,
+    )

@@ -9,6 +9,11 @@ tokens are dropped and so are empty documents.  The random part runs in compiled
 
 Instances are kept as flat arrays (a file's worth, not Python objects), so memory is
 bounded by one file's instances.
+
+``next_sentence=False`` (not in the reference) makes instances without sentence pairs for an
+MLM-only model: ``[CLS] A [SEP]`` with ``A`` a contiguous run of one document's tokens filling
+the row, segment 0, next-sentence label 0, masked by the same rules
+(:func:`~omnibert.prepare.instance_kernel.create_single_segment_kernel`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from omnibert.errors import UserError
-from omnibert.prepare.instance_kernel import create_instances_kernel
+from omnibert.prepare.instance_kernel import (
+    create_instances_kernel,
+    create_single_segment_kernel,
+)
 from omnibert.prepare.python_random import check_against_stdlib, state_from_seed
 from omnibert.tokenization.vocab import Vocab
 
@@ -35,7 +43,8 @@ class InputFileError(UserError):
 
 @dataclass(frozen=True)
 class InstanceSettings:
-    """The reference's flags that shape instances (same names, same defaults)."""
+    """The reference's flags that shape instances (same names, same defaults), and
+    ``next_sentence`` (ours: ``False`` for single-segment instances without NSP pairs)."""
 
     max_seq_length: int = 128
     max_predictions_per_seq: int = 20
@@ -44,12 +53,33 @@ class InstanceSettings:
     dupe_factor: int = 10
     random_seed: int = 12345
     do_whole_word_mask: bool = False
+    next_sentence: bool = True
+
+    #: settings added after the format was fixed, with the value that means the earlier
+    #: behaviour: recorded (metadata.json, the fingerprint) only when they differ from it,
+    #: so the data of every earlier version and of the defaults keeps its identity
+    LATER: ClassVar[dict[str, Any]] = {"next_sentence": True}
+
+    def record(self) -> dict[str, Any]:
+        """The settings as ``metadata.json`` and the fingerprint record them (``LATER``'s
+        keys only where they differ from the earlier behaviour; absent reads as it)."""
+        record = dataclasses.asdict(self)
+        for key, earlier in self.LATER.items():
+            if record[key] == earlier:
+                del record[key]
+        return record
 
     @classmethod
     def from_config(cls, cfg: Any) -> InstanceSettings:
         """The settings named by ``omnibert-prepare``'s keys of the same names (a config node
         or any object with those attributes)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+        return cls(
+            **{
+                f.name: getattr(cfg, f.name)
+                for f in dataclasses.fields(cls)
+                if f.name not in cls.LATER or hasattr(cfg, f.name)
+            }
+        )
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the key when the settings cannot work."""
@@ -211,7 +241,8 @@ def create_instances(
         zero = np.zeros(1, dtype=np.int64)
         return InstanceArrays(empty, zero, empty, empty.astype(np.int8), empty, empty, zero)
     state = state_from_seed(settings.random_seed)
-    out = create_instances_kernel(
+    kernel = create_instances_kernel if settings.next_sentence else create_single_segment_kernel
+    out = kernel(
         state,
         documents.tokens,
         documents.seg_offsets,

@@ -143,7 +143,7 @@ def identity_of(
     anywhere and stays short."""
     return {
         "input_files": [os.path.join(os.getcwd(), p) for p in patterns],
-        "settings": {**asdict(settings), **asdict(options)},
+        "settings": {**settings.record(), **asdict(options)},
         "vocab": {"path": str(Path(vocab.path).absolute()), "sha256": vocab.sha256},
         "inputs": [
             {"input_file": str(path.absolute()), "sha256": sha}
@@ -176,7 +176,7 @@ def fingerprint(
     """Identifies what data was made from: settings, vocab and input contents (in order).
     A part's fingerprint names its own file only, so parts survive changes to other files."""
     identity = {
-        "settings": asdict(settings),
+        "settings": settings.record(),
         "vocab_sha256": vocab.sha256,
         "do_lower_case": do_lower_case,
         "input_format": input_format,

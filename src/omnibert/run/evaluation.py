@@ -7,7 +7,9 @@ set is read; its row shape is the data's own unless set) and its fit with the mo
 positions) → Lightning's ``validate`` with the pretraining task's metrics: masked-LM accuracy
 as the sum of correct predictions weighted by ``masked_lm_weights`` over the sum of weights
 (MLPerf's definition), next-sentence accuracy, the losses and the number of samples, summed
-over the whole set and every device (not a mean of batch means). The report and the
+over the whole set and every device (not a mean of batch means). A model without a
+next-sentence head (``next_sentence_head: false``) is reported on masked-LM alone: its
+report has ``objective: "MLM only"`` and no ``nsp_*`` keys. The report and the
 progress line name the checkpoint's own step (its ``global_step``; a TF1 checkpoint's
 ``global_step`` variable; none for a Hugging Face directory), not the fresh Trainer's 0.
 """
@@ -26,6 +28,7 @@ from omnibert.accelerators import build_plugin
 from omnibert.callbacks.progress import ProgressLog
 from omnibert.ckpt_files import saved_step
 from omnibert.compat import seed_everything
+from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.checkpoints import load_pretrained
 from omnibert.convert.tf1_bundle import TF1Checkpoint
@@ -73,6 +76,15 @@ def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> di
     trainer.validate(task, datamodule=datamodule, verbose=False)
     seconds = time.perf_counter() - start
     val = task.last_validation or {}
+    nsp = (
+        {
+            "nsp_accuracy": val.get("val/nsp_acc"),
+            "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
+            "nsp_loss": val.get("val/nsp_loss"),
+        }
+        if task.next_sentence
+        else {}
+    )
     return {
         "checkpoint": config.ckpt,
         "checkpoint_kind": loaded.kind,
@@ -85,14 +97,13 @@ def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> di
             "max_seq_length": datamodule.max_seq_length,
             "max_predictions_per_seq": datamodule.max_predictions_per_seq,
         },
-        "samples": int(val.get("val/nsp_count", 0)),
+        "objective": objective_name(task.next_sentence),
+        "samples": int(val.get("val/samples", 0)),
         "masked_tokens": int(val.get("val/mlm_count", 0)),
         "mlm_accuracy": val.get("val/mlm_acc"),
-        "nsp_accuracy": val.get("val/nsp_acc"),
         "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
-        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
         "mlm_loss": val.get("val/mlm_loss"),
-        "nsp_loss": val.get("val/nsp_loss"),
+        **nsp,
         "loss": val.get("val/loss"),
         "precision": config.precision,
         "seconds": round(seconds, 3),

@@ -136,6 +136,8 @@ class TrainPlan:
     clip_grad_per_micro_batch: float | None
     precision: str
     data: dict[str, Any]
+    #: what the model learns: "MLM + next-sentence" (BERT) or "MLM only" (no NSP head)
+    objective: str = ""
     #: how the micro batch was chosen (omnibert.run.memory)
     micro_batch_choice: str = ""
     #: the speed probe's measurements, when it chose the micro batch (run.speed_probe)
@@ -200,6 +202,7 @@ class TrainPlan:
             ("train samples", f"{self.data.get('train_samples')}"),
             ("eval samples", f"{self.data.get('eval_samples')}"),
             ("validation", val),
+            *([("objective", self.objective)] if self.objective else []),
             ("vocab size", f"{self.vocab_size}"),
             *([("CPU threads", self.threads)] if self.threads else []),
             *(list(self.kernels.items()) if self.kernels else [("precision", self.precision)]),

@@ -29,6 +29,7 @@ from omnibert.callbacks.mlperf import (
 from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
+from omnibert.config.sections import next_sentence_objective, objective_name
 from omnibert.models.attention import plan_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.batches import check_enough_data, data_and_batches
@@ -179,6 +180,14 @@ def plan_run(
             model_fields,
         )
     check_optimizer(config.optimizer, config.schedule, config.max_steps)
+    next_sentence = next_sentence_objective(model)
+    if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:
+        log.warning(
+            "the training rows are single segments without next-sentence pairs (prepared "
+            "with next_sentence=false) but the model has a next-sentence head, which would "
+            "only learn their constant label 0; set model.config.next_sentence_head=false "
+            "(MLM only)."
+        )
     if micro_clip is not None and precision.startswith("16"):
         raise TrainConfigError(
             f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
@@ -222,6 +231,7 @@ def plan_run(
         clip_grad_per_micro_batch=micro_clip,
         precision=precision,
         data=datamodule.describe(),
+        objective=objective_name(next_sentence),
         model=model,
         init=init,
     )
@@ -300,15 +310,17 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     return Run(prepared, task, trainer, callbacks, loaded)
 
 
-def majority_baselines(validation: dict[str, float] | None) -> dict[str, float | None]:
+def majority_baselines(
+    validation: dict[str, float] | None, next_sentence: bool = True
+) -> dict[str, float | None]:
     """``mlm_majority_baseline`` / ``nsp_majority_baseline``: the accuracy of always
     predicting the eval set's most frequent masked token / NSP label (what an accuracy is
-    to be compared with; None without validation)."""
+    to be compared with; None without validation; no NSP one for an MLM-only model)."""
     val = validation or {}
-    return {
-        "mlm_majority_baseline": val.get("val/mlm_majority_baseline"),
-        "nsp_majority_baseline": val.get("val/nsp_majority_baseline"),
-    }
+    out = {"mlm_majority_baseline": val.get("val/mlm_majority_baseline")}
+    if next_sentence:
+        out["nsp_majority_baseline"] = val.get("val/nsp_majority_baseline")
+    return out
 
 
 def fit(run: Run) -> dict[str, Any]:
@@ -334,8 +346,9 @@ def fit(run: Run) -> dict[str, Any]:
         "run_name": prepared.config.run_name,
         "steps": trainer.global_step,
         "fit_seconds": round(seconds, 3),
+        "objective": objective_name(task.next_sentence),
         "validation": task.last_validation,
-        **majority_baselines(task.last_validation),
+        **majority_baselines(task.last_validation, task.next_sentence),
         "throughput": throughput.summary() if throughput is not None else {},
         **nonfinite.summary(),
         **({"mlperf": mlperf.summary()} if mlperf is not None else {}),

@@ -17,7 +17,14 @@ Next to them, ``val/mlm_majority_baseline`` and ``val/nsp_majority_baseline``: t
 of always predicting the eval set's own most frequent masked token / NSP label, from
 weighted label histograms of the rows evaluated (:class:`LabelHistogram`, synced the same
 way): what an accuracy has to beat to mean anything (the demo's eval set is 59.5 %
-random-next pairs, so NSP's baseline is 0.595, not the 0.5 of chance).
+random-next pairs, so NSP's baseline is 0.595, not the 0.5 of chance). ``val/samples``: the
+sequences evaluated (the rows' ``nsp_weights``, whatever the model's heads).
+
+A model without a next-sentence head (``model.config.next_sentence_head=false``, the MLM-only
+objective of RoBERTa, MosaicBERT and ModernBERT) returns ``nsp_count`` 0 and
+``loss = mlm_loss``; the task then logs and reports no ``*nsp*`` metric at all (no 0/0 accuracy)
+and ``val/loss`` is the masked-LM loss. Which metrics exist is decided once, from the model's
+config (:func:`~omnibert.config.sections.next_sentence_objective`), never inside ``forward``.
 
 Global RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint so that
 dropout continues identically after a resume.
@@ -37,6 +44,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
 
+from omnibert.config.sections import next_sentence_objective
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
@@ -50,7 +58,15 @@ log = logging.getLogger(__name__)
 #: per-micro-batch training statistics, summed over an optimiser step ("n": micro-batches)
 TRAIN_STATS = (*OUTPUT_KEYS, "n")
 #: validation sums over the whole eval set
-VAL_SUMS = ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_loss", "nsp_loss")
+VAL_SUMS = (
+    "mlm_correct",
+    "mlm_count",
+    "nsp_correct",
+    "nsp_count",
+    "mlm_loss",
+    "nsp_loss",
+    "samples",
+)
 RNG_KEY = "omnibert_rng_states"
 
 
@@ -135,7 +151,8 @@ def _sha256(path: str | None) -> str | None:
 
 
 class PretrainingTask(TrainingTask):
-    """BERT pretraining (MLM + NSP) with LAMB/AdamW and a per-step LR schedule.
+    """BERT pretraining (MLM + NSP, or MLM only without a next-sentence head) with LAMB/AdamW
+    and a per-step LR schedule.
 
     Args:
         model_config: :class:`~omnibert.models.BertConfig` fields (``vocab_size`` resolved).
@@ -185,6 +202,8 @@ class PretrainingTask(TrainingTask):
         }
         self.save_hyperparameters(hparams)
         self.config = config
+        #: the objective has next-sentence prediction (the NSP metrics exist)
+        self.next_sentence = next_sentence_objective(config)
         self.model = BertForPreTraining(config)
         self.val_sums = nn.ModuleDict({k: SumMetric(nan_strategy="disable") for k in VAL_SUMS})
         self.val_labels = nn.ModuleDict(
@@ -230,12 +249,13 @@ class PretrainingTask(TrainingTask):
             grad_norm = squared.sqrt()
         metrics = {
             "train/mlm_loss": s["mlm_loss"] / s["n"],
-            "train/nsp_loss": s["nsp_loss"] / s["n"],
             "train/mlm_acc": s["mlm_correct"] / s["mlm_count"].clamp(min=1.0),
-            "train/nsp_acc": s["nsp_correct"] / s["nsp_count"].clamp(min=1.0),
             "train/grad_norm": grad_norm,
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
+        if self.next_sentence:
+            metrics["train/nsp_loss"] = s["nsp_loss"] / s["n"]
+            metrics["train/nsp_acc"] = s["nsp_correct"] / s["nsp_count"].clamp(min=1.0)
         self.log("train/loss", s["loss"] / s["n"], on_step=True, on_epoch=False, prog_bar=True)
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
@@ -257,37 +277,44 @@ class PretrainingTask(TrainingTask):
         # the losses are weighted means over the batch's real slots: weight them back
         self._val_sum("mlm_loss").update((out["mlm_loss"] * out["mlm_count"]).detach().float())
         self._val_sum("nsp_loss").update((out["nsp_loss"] * out["nsp_count"]).detach().float())
+        self._val_sum("samples").update(batch["nsp_weights"].detach().float().sum())
         labels = cast(LabelHistogram, self.val_labels["mlm"])
         labels.update(batch["masked_lm_ids"], batch["masked_lm_weights"])
-        labels = cast(LabelHistogram, self.val_labels["nsp"])
-        labels.update(batch["nsp_labels"], batch["nsp_weights"])
+        if self.next_sentence:
+            labels = cast(LabelHistogram, self.val_labels["nsp"])
+            labels.update(batch["nsp_labels"], batch["nsp_weights"])
 
     def validation_metrics(self) -> dict[str, Tensor]:
         """The metrics of everything :meth:`validation_step` saw since the last call, summed
         over every rank (masked-LM accuracy = weighted correct / weights, MLPerf's), and a
-        reset of the sums."""
+        reset of the sums. The ``val/nsp_*`` ones only where the objective has next-sentence
+        prediction; ``val/loss`` is the objective's loss."""
         sums = {k: self._val_sum(k).compute() for k in VAL_SUMS}  # synced over ranks
         for key in VAL_SUMS:
             self._val_sum(key).reset()
-        baselines = {k: cast(LabelHistogram, m).compute() for k, m in self.val_labels.items()}
+        used = ("mlm", "nsp") if self.next_sentence else ("mlm",)
+        baselines = {k: cast(LabelHistogram, self.val_labels[k]).compute() for k in used}
         for metric in self.val_labels.values():
             cast(LabelHistogram, metric).reset()
         mlm_loss = sums["mlm_loss"] / sums["mlm_count"]
-        # a model without the NSP head (model.config.next_sentence_head=false) counts no NSP
-        # slot: its NSP loss is 0 (val/loss = val/mlm_loss), its NSP accuracy undefined (nan)
-        nsp_count = sums["nsp_count"]
-        nsp_loss = torch.where(nsp_count > 0, sums["nsp_loss"] / nsp_count, 0.0)
-        return {
+        metrics = {
             "val/mlm_acc": sums["mlm_correct"] / sums["mlm_count"],
-            "val/nsp_acc": sums["nsp_correct"] / sums["nsp_count"],
             "val/mlm_majority_baseline": baselines["mlm"],
-            "val/nsp_majority_baseline": baselines["nsp"],
             "val/mlm_loss": mlm_loss,
-            "val/nsp_loss": nsp_loss,
-            "val/loss": mlm_loss + nsp_loss,
+            "val/loss": mlm_loss,
             "val/mlm_count": sums["mlm_count"],
-            "val/nsp_count": sums["nsp_count"],
+            "val/samples": sums["samples"],
         }
+        if self.next_sentence:
+            nsp_loss = sums["nsp_loss"] / sums["nsp_count"]
+            metrics |= {
+                "val/nsp_acc": sums["nsp_correct"] / sums["nsp_count"],
+                "val/nsp_majority_baseline": baselines["nsp"],
+                "val/nsp_loss": nsp_loss,
+                "val/loss": mlm_loss + nsp_loss,
+                "val/nsp_count": sums["nsp_count"],
+            }
+        return metrics
 
     def on_validation_epoch_end(self) -> None:
         metrics = self.validation_metrics()
