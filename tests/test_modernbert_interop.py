@@ -324,3 +324,26 @@ def test_train_app_starts_modern_tiny_from_a_hf_modernbert_directory(
     count = len(BertForPreTraining(tiny).state_dict()) - 2
     assert f"Hugging Face weights from {source}: loaded {count} tensors" in line, line
     assert "freshly" not in line and "ignored" not in line, line
+
+
+def test_export_app_writes_a_modern_checkpoint_as_modernbert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_hf_interop import lightning_checkpoint
+
+    from omnibert.apps import export as export_app
+    from omnibert.apps.compose import compose
+
+    model = random_model(preset("modern_tiny"))
+    vocab = write_vocab(tmp_path / "vocab.txt")
+    ckpt = lightning_checkpoint(tmp_path / "last.ckpt", model, vocab)
+    out = tmp_path / "hf"
+    export_app.run(compose("export", [f"ckpt={ckpt}", f"out={out}"]))
+    assert "ModernBertForMaskedLM.from_pretrained" in capsys.readouterr().out
+    tokens, mask = inputs(70, padded_from=40)
+    real = mask.bool()
+    torch.testing.assert_close(
+        omnibert_logits(model, tokens, mask)[real],
+        hf_logits(load_hf(out), tokens, mask)[real],
+        **FP32,
+    )
