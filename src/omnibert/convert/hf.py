@@ -17,6 +17,11 @@
   ``config.json`` and the tokenizer files ``AutoTokenizer`` reads
   (:func:`omnibert.run.inference.export_hf_finetuned`).
 * :func:`load_pretraining_checkpoint` reads a Lightning checkpoint of the pretraining task.
+
+Models of the ModernBERT family go through the same two functions: :func:`export_hf` writes
+them as ``ModernBertForMaskedLM`` and :func:`init_from_hf` reads a ModernBERT directory
+(``model_type`` ``modernbert``), with the names and config keys of
+:mod:`omnibert.convert.modernbert`; a model of neither family is refused before any file.
 """
 
 from __future__ import annotations
