@@ -459,11 +459,13 @@ def test_train_app_runs_modern_tiny_end_to_end(tmp_path):
     assert summary["plan"]["objective"] == "MLM only"
 
 
-def test_bert_exporter_refuses_a_modern_model_before_writing(tmp_path):
+def test_exporter_refuses_a_model_without_hf_class_before_writing(tmp_path):
     from omnibert.convert.hf import export_hf
 
-    model = BertForPreTraining(MODERN)
-    with pytest.raises(BertConfigError, match="ModernBERT"):
+    # MosaicBERT (alibi, post-norm) is neither BERT nor ModernBERT; MODERN exports as
+    # ModernBERT (tests/test_modernbert_interop.py)
+    model = BertForPreTraining(MOSAIC)
+    with pytest.raises(BertConfigError, match="position_encoding=alibi"):
         export_hf(model, tmp_path / "out", None)
     assert not (tmp_path / "out").exists()
 

@@ -2,7 +2,8 @@
 
 * a pretraining checkpoint (an omnibert ``.ckpt``, or the prefix of a Google / MLPerf
   TensorFlow 1 checkpoint with its ``bert_config.json``) → ``BertForPreTraining``
-  (:func:`omnibert.convert.hf.export_hf`);
+  (:func:`omnibert.convert.hf.export_hf`), or ``ModernBertForMaskedLM`` for a model of the
+  ModernBERT family (:mod:`omnibert.convert.modernbert`; another architecture is refused);
 * an ``omnibert-finetune`` run (its directory or ``.ckpt``) → ``BertForQuestionAnswering``
   (SQuAD) or ``BertForSequenceClassification`` (GLUE) with its tokenizer files
   (:func:`omnibert.run.inference.export_hf_finetuned`).
@@ -132,10 +133,15 @@ def run(cfg: DictConfig) -> None:
         )
     written = export_hf(model.eval(), cfg.out, vocab_file, overwrite=cfg.overwrite)
     names = ", ".join(path.name for path in written)
+    family, hf_class = (
+        ("BERT", "BertForPreTraining")
+        if model.config.is_bert
+        else ("ModernBERT", "ModernBertForMaskedLM")
+    )
     print(
-        f"exported {cfg.ckpt} (BERT L{model.config.num_hidden_layers}-H"
+        f"exported {cfg.ckpt} ({family} L{model.config.num_hidden_layers}-H"
         f"{model.config.hidden_size}, vocab {model.config.vocab_size}) to {written[0].parent} "
-        f"({names}); load it with transformers.BertForPreTraining.from_pretrained"
+        f"({names}); load it with transformers.{hf_class}.from_pretrained"
         f"({str(written[0].parent)!r})"
     )
 

@@ -17,6 +17,11 @@
   ``config.json`` and the tokenizer files ``AutoTokenizer`` reads
   (:func:`omnibert.run.inference.export_hf_finetuned`).
 * :func:`load_pretraining_checkpoint` reads a Lightning checkpoint of the pretraining task.
+
+Models of the ModernBERT family go through the same two functions: :func:`export_hf` writes
+them as ``ModernBertForMaskedLM`` and :func:`init_from_hf` reads a ModernBERT directory
+(``model_type`` ``modernbert``), with the names and config keys of
+:mod:`omnibert.convert.modernbert`; a model of neither family is refused before any file.
 """
 
 from __future__ import annotations
@@ -131,18 +136,62 @@ def _hf_name(key: str, bare: bool) -> str:
     return f"bert.{key}" if bare else key
 
 
-def read_hf_config(path: str | Path) -> BertConfig:
-    """The :class:`BertConfig` of a Hugging Face checkpoint directory's ``config.json``."""
+def _hf_config_dict(path: str | Path) -> dict[str, Any]:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise ConversionError(
-            f"{config_file} does not exist; point model.init_from at a Hugging Face BERT "
-            "checkpoint directory (config.json + model.safetensors)."
+            f"{config_file} does not exist; point model.init_from at a Hugging Face BERT or "
+            "ModernBERT checkpoint directory (config.json + model.safetensors)."
         )
     try:
-        return BertConfig.from_hf_dict(json.loads(config_file.read_text()))
-    except (json.JSONDecodeError, BertConfigError, TypeError) as err:
+        values = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
         raise ConversionError(f"{config_file} is not a usable BERT config: {err}") from err
+    if not isinstance(values, dict):
+        raise ConversionError(f"{config_file} is not a JSON object; re-download the checkpoint.")
+    return values
+
+
+def hf_model_type(path: str | Path) -> str:
+    """The ``model_type`` of a Hugging Face directory's config.json (``bert`` when absent)."""
+    return str(_hf_config_dict(path).get("model_type", "bert"))
+
+
+def read_hf_config(path: str | Path) -> BertConfig:
+    """The :class:`BertConfig` of a Hugging Face checkpoint directory's ``config.json``: a BERT
+    (``model_type`` ``bert``) or a ModernBERT one (``modernbert``,
+    :mod:`omnibert.convert.modernbert`)."""
+    from omnibert.convert.modernbert import MODEL_TYPE, from_modernbert_dict
+
+    values = _hf_config_dict(path)
+    config_file = Path(path) / "config.json"
+    what = "ModernBERT" if values.get("model_type") == MODEL_TYPE else "BERT"
+    try:
+        if what == "ModernBERT":
+            return from_modernbert_dict(values)
+        return BertConfig.from_hf_dict(values)
+    except (BertConfigError, TypeError, ValueError) as err:
+        raise ConversionError(f"{config_file} is not a usable {what} config: {err}") from err
+
+
+def family_mismatch(path: str | Path, model_type: str, ours: BertConfig) -> str | None:
+    """One sentence when a Hugging Face directory of one family (``bert`` / ``modernbert``)
+    meets a model config of the other, else ``None``."""
+    if model_type == "modernbert" and ours.is_bert:
+        return (
+            f"{Path(path) / 'config.json'} is a Hugging Face ModernBERT checkpoint (model_type "
+            "modernbert) but model.config is original BERT; use model=modernbert_base, "
+            "modernbert_large or modern_tiny sized like the checkpoint (or set the matching "
+            "modern options: position_encoding=rope, feed_forward=geglu, norm_position=pre, "
+            "type_vocab_size=0, next_sentence_head=false, ...)."
+        )
+    if model_type == "bert" and not ours.is_bert:
+        return (
+            f"{Path(path) / 'config.json'} is a Hugging Face BERT checkpoint (model_type bert) "
+            "but model.config has modern options; use a model=bert_* preset sized like the "
+            "checkpoint."
+        )
+    return None
 
 
 def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
@@ -161,6 +210,10 @@ def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
         )
     theirs = read_hf_config(path)
     ours = model.config
+    model_type = hf_model_type(path)
+    family = family_mismatch(path, model_type, ours)
+    if family is not None:
+        raise ConversionError(family)
     mismatches = ours.architecture_mismatches(theirs)
     if mismatches:
         fix = (
@@ -174,6 +227,8 @@ def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
         )
     files = _weights_files(path)
     tensors = _read_weights(files)
+    if model_type == "modernbert":
+        return _init_from_modernbert(model, path, files, tensors)
     bare = not any(k.startswith(("bert.", "cls.")) for k in tensors)
     if "cls.predictions.decoder.bias" in tensors and "cls.predictions.bias" not in tensors:
         tensors["cls.predictions.bias"] = tensors.pop("cls.predictions.decoder.bias")
@@ -229,6 +284,46 @@ def init_from_hf(model: BertForPreTraining, path: str | Path) -> ImportReport:
     )
 
 
+def _init_from_modernbert(
+    model: BertForPreTraining, path: Path, files: list[Path], tensors: dict[str, torch.Tensor]
+) -> ImportReport:
+    """:func:`init_from_hf` of a ModernBertForMaskedLM / ModernBertModel directory whose
+    config.json matches ``model.config`` (checked by the caller)."""
+    from omnibert.convert.modernbert import modernbert_from_tensors
+
+    config = model.config
+    params = model.state_dict()
+    source = files[0].name if len(files) == 1 else f"{len(files)} shards"
+    updates, missing, ignored, problem = modernbert_from_tensors(tensors, config, params)
+    if problem is not None:
+        raise ConversionError(
+            f"{path / source} has {problem}; the checkpoint does not belong to this "
+            "config.json, re-download it."
+        )
+    embedding = updates.get(VOCAB_KEYS[0])
+    decoder = tensors.get("decoder.weight")
+    if config.tie_word_embeddings and decoder is not None and embedding is not None:
+        if not torch.equal(decoder, embedding):
+            raise ConversionError(
+                f"{path / source} has a decoder.weight that differs from the token embeddings "
+                "although its config.json says tie_word_embeddings=true; re-download it."
+            )
+        ignored = [k for k in ignored if k != "decoder.weight"]
+    body = [k for k in missing if not k.startswith(HEADS)]
+    if body:
+        raise ConversionError(
+            f"{path / source} lacks {len(body)} encoder tensor(s) such as {body[0]}; it is not a "
+            "complete ModernBERT checkpoint, re-download it."
+        )
+    vocab = config.vocab_size
+    with torch.no_grad():
+        for name, tensor in updates.items():
+            target = params[name]
+            vocab_rows = name in (*VOCAB_KEYS, "cls.predictions.decoder.weight")
+            (target[:vocab] if vocab_rows else target).copy_(tensor)
+    return ImportReport(source=str(path), loaded=sorted(updates), missing=missing, ignored=ignored)
+
+
 def _count_lines(vocab_file: Path) -> int:
     with vocab_file.open(encoding="utf-8") as handle:
         return sum(1 for _ in handle)
@@ -258,10 +353,17 @@ def export_hf(
     ``out_dir`` must be empty or absent unless ``overwrite`` (then the files written are
     replaced and nothing else is touched). ``vocab_file`` must have ``vocab_size`` lines.
     """
+    from omnibert.convert.modernbert import (
+        check_exportable,
+        modernbert_export_dict,
+        modernbert_tensors,
+    )
+
     out = Path(out_dir)
     config = cast(BertConfig, model.config)
-    if hf_config is None:
-        config.to_hf_dict()  # a non-BERT architecture is refused before anything is written
+    modern = hf_config is None and not config.is_bert
+    if modern:  # ModernBertForMaskedLM, or one sentence before anything is written
+        check_exportable(config)
     names = ["model.safetensors", "config.json"]
     if vocab_file is not None:
         names.append("vocab.txt")
@@ -289,16 +391,21 @@ def export_hf(
             )
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
-        if name in TIED_KEYS or name.startswith(tuple(f"{m}." for m in leave_out)):
+        if modern or name in TIED_KEYS or name.startswith(tuple(f"{m}." for m in leave_out)):
             continue
         if name in VOCAB_KEYS:
             tensor = tensor[: config.vocab_size]
         tensors[name] = tensor.detach().to("cpu").contiguous().clone()
+    if modern:
+        tensors = modernbert_tensors(model.state_dict(), config)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / name for name in names]
     save_file(tensors, str(written[0]), metadata={"format": "pt"})
     os.chmod(written[0], 0o666 & ~_umask())  # safetensors writes 0600; like the others
-    hf = dict(hf_config) if hf_config is not None else config.to_hf_dict()
+    if hf_config is not None:
+        hf = dict(hf_config)
+    else:
+        hf = modernbert_export_dict(config, vocab_path) if modern else config.to_hf_dict()
     written[1].write_text(json.dumps(hf, indent=2) + "\n")
     if vocab_path is not None:
         shutil.copyfile(vocab_path, written[2])

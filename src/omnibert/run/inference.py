@@ -101,6 +101,14 @@ def export_hf_finetuned(
     """
 
     model = finetuned.task.model
+    if not model.config.is_bert:
+        raise FineTuneInputError(
+            "this fine-tuned model has a modern (non-BERT) encoder, and omnibert's task heads "
+            "on it (the pooled hidden state straight into the classifier or QA Linear) are not "
+            "Hugging Face's ModernBertFor* heads (dense, activation and norm first), so only "
+            "BERT fine-tuned runs export; export the pretraining checkpoint it started from "
+            "instead."
+        )
     hf = model.config.to_hf_dict()  # refuses a non-BERT architecture, before any file
     if finetuned.task.head != "question_answering" and model.config.pooling != "cls":
         raise FineTuneInputError(

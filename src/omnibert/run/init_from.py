@@ -3,7 +3,8 @@ once, checked before compute and loaded through this module, for both jobs. The 
 checkpoint is :func:`omnibert.convert.checkpoints.checkpoint_kind`'s answer.
 
 Pretraining (:func:`plan_pretraining_init`, then :meth:`PretrainingInit.load_into`): a
-Hugging Face BERT directory, an ``omnibert-train`` ``.ckpt`` of an earlier phase, or a
+Hugging Face BERT or ModernBERT directory (:mod:`omnibert.convert.modernbert`; one of the
+other family than ``model.config`` is refused in one sentence naming the presets to use), an ``omnibert-train`` ``.ckpt`` of an earlier phase, or a
 Google / MLPerf TensorFlow 1 checkpoint prefix with its ``bert_config.json``; its
 architecture must be the run's (checked from the checkpoint's config, before compute), and
 only the weights load (the optimiser and schedule start fresh).
@@ -45,6 +46,8 @@ from omnibert.convert.checkpoints import (
 )
 from omnibert.convert.hf import (
     TIED_KEYS,
+    family_mismatch,
+    hf_model_type,
     init_from_hf,
     load_pretraining_checkpoint,
     read_hf_config,
@@ -59,7 +62,7 @@ from omnibert.convert.tf1 import (
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.models.config import architecture_diffs
+from omnibert.models.config import BertConfigError, architecture_diffs
 
 __all__ = [
     "EncoderSource",
@@ -132,6 +135,10 @@ def plan_pretraining_init(
         saved = dataclasses.asdict(theirs)
         where = f"init_from={path} (architecture from {tf1})"
     elif kind == "huggingface":
+        ours = _model_config(model_config)
+        family = None if ours is None else family_mismatch(path, hf_model_type(path), ours)
+        if family is not None:
+            raise InitFromError(family)
         saved = dataclasses.asdict(read_hf_config(path))
         where = f"init_from={path}"
     elif kind == "finetuned":
@@ -152,6 +159,15 @@ def plan_pretraining_init(
     if tf1 is not None:
         check_tf1_checkpoint(path, theirs)  # names, shapes and shards before any compute
     return PretrainingInit(str(path), kind, tf1)
+
+
+def _model_config(model_config: Mapping[str, Any]) -> BertConfig | None:
+    """``model_config`` as a :class:`BertConfig` (``None`` where it is not one yet: the
+    architecture comparison then names what differs)."""
+    try:
+        return BertConfig.from_dict(model_config)
+    except (BertConfigError, TypeError, ValueError):
+        return None
 
 
 def _refuse_what_is_not_a_checkpoint(path: Path, init_from: Any) -> None:
