@@ -5,6 +5,7 @@ anything runs on Gaudi or IPU hardware."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -349,3 +350,93 @@ def test_a_run_trains_with_the_configured_optimizer(
     optimizer_obj = task.configure_optimizers()["optimizer"]
     expected = {"lamb": "Lamb", "lamb_habana": "FusedLamb", "lamb_poptorch": "LAMB"}[optimizer]
     assert type(optimizer_obj).__name__ == expected
+
+
+# ------------------------------------------------------------------ modern encoders
+#: model=modern_tiny on experiment=smoke's shapes (32 wide, seq 32): its two layers kept (0
+#: global, 1 local) and a window of 16 so that the local layer's band restricts the rows;
+#: rope, GeGLU, pre-norm with final_norm, no biases, no NSP head
+MODERN_SMOKE = (
+    "model=modern_tiny",
+    "model.config.num_hidden_layers=2",
+    "model.config.local_window=16",
+)
+
+
+def test_ipu_fake_trains_modern_tiny_pipelined_over_its_layer_names(
+    fake_sdk, tmp_path, compose_config
+):
+    """The IPU plugin's pipelining places blocks by BERT's module names, which the modern
+    options keep (``bert.embeddings``, ``bert.encoder.layer.N``, ``cls``); the pre-norm
+    ``bert.final_norm`` runs after the last layer and stays on that layer's IPU."""
+    summary, calls = _ipu_run(
+        compose_config, tmp_path, *MODERN_SMOKE, "accelerator.layers_per_ipu=[0,1,1]"
+    )
+    plan = summary["plan"]
+    assert plan["objective"] == "MLM only" and plan["attention"].startswith("auto: sdpa")
+    assert _calls(calls, "BeginBlock") == [
+        {"user_id": "embeddings", "ipu_id": 0},
+        {"user_id": "layer0", "ipu_id": 1},
+        {"user_id": "layer1", "ipu_id": 2},
+        {"user_id": "heads", "ipu_id": 0},
+    ]
+    (training,) = _calls(calls, "trainingModel")
+    assert training["options"].replication_factor == 2
+    assert summary["steps"] == 6 and math.isfinite(summary["validation"]["val/loss"])
+    state = torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=False)
+    names = set(state["state_dict"])  # the trained model is the pre-norm one, without biases
+    assert {"model.bert.final_norm.weight", "model.bert.encoder.layer.1.attn_norm.weight"} <= names
+    assert not any(n.endswith("attention.self.query.bias") for n in names)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "attention", "sentence"),
+    [
+        ("ipu", "flex", r"attention=flex needs FlexAttention \(torch >= 2.5\), which the IPU's"),
+        ("ipu", "varlen", r"attention=varlen needs data-dependent shapes, which ipu graphs"),
+        ("hpu", "varlen", r"attention=varlen needs data-dependent shapes, which hpu graphs"),
+    ],
+)
+def test_static_graph_backends_refuse_dynamic_attention_before_compute(
+    fake_sdk, tmp_path, compose_config, accelerator, attention, sentence
+):
+    """One sentence naming the key and what to use, from the plan (no model is built)."""
+    from omnibert.models import BertConfigError
+    from omnibert.run.pretraining import prepare
+
+    cfg = compose_config("experiment=smoke", f"accelerator={accelerator}", *MODERN_SMOKE,
+                         f"model.config.attention={attention}", "optimizer=adamw",
+                         "+phase.lr.adamw=1e-4", root=tmp_path)  # fmt: skip
+    with pytest.raises(BertConfigError, match=sentence) as refused:
+        prepare(cfg)
+    assert str(refused.value).count(". ") == 0 and "use auto, sdpa" in str(refused.value)
+
+
+@pytest.mark.parametrize("attention", ["auto", "sdpa", "math"])
+def test_hpu_fake_plans_modern_tiny_and_runs_its_lazy_step(
+    fake_sdk, tmp_path, compose_config, attention
+):
+    """accelerator=hpu plans a modern_tiny run (rope, the local layer's band: static masks of
+    the batch's shape) and the plugin's lazy-mode step runs its training step, a mark_step
+    after backward and after the update (the model stays on the CPU: the FAKE SDK has no
+    device)."""
+    from omnibert.run.pretraining import build_task, prepare
+
+    cfg = compose_config("experiment=smoke", "accelerator=hpu", *MODERN_SMOKE,
+                         f"model.config.attention={attention}", root=tmp_path)  # fmt: skip
+    prepared = prepare(cfg)
+    assert prepared.plan.attention.startswith(attention)
+    assert prepared.plan.kernels["compile"] == "lazy mode"
+    task, _ = build_task(prepared)
+    model = task.model
+    assert model.bert.config.has_local_layers and not model.bert.config.next_sentence_head
+    import habana_frameworks.torch.core as htcore
+
+    prepared.datamodule.setup("fit")
+    batch = next(iter(prepared.datamodule.train_dataloader()))
+    optimizer = task.configure_optimizers()["optimizer"]
+    htcore.CALLS.clear()
+    prepared.plugin._train_step(model, batch, optimizer, "32-true")
+    assert [c for c, _ in htcore.CALLS].count("mark_step") == 2
+    grad = model.bert.encoder.layer[1].mlp_norm.weight.grad  # the local layer's pre-norm
+    assert grad is not None and grad.abs().sum() > 0 and torch.isfinite(grad).all()

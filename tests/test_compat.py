@@ -296,3 +296,31 @@ def _cpu_batch() -> dict[str, torch.Tensor]:
     dm.setup("fit")
     batch: dict[str, torch.Tensor] = next(iter(dm.train_dataloader()))
     return batch
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bert", "no_bias"])
+def test_norms_build_without_layernorms_bias_keyword(monkeypatch, bias):
+    """torch 2.0.1 (the IPU's) has no ``nn.LayerNorm(bias=...)``: every model builds without
+    that keyword, and a norm without bias is what ``bias=False`` builds in newer torch (the
+    same parameters and state-dict keys, the same output)."""
+    original = nn.LayerNorm.__init__
+
+    def torch_2_0_signature(self, normalized_shape, eps=1e-5, elementwise_affine=True,
+                            device=None, dtype=None):  # fmt: skip
+        original(self, normalized_shape, eps, elementwise_affine, device=device, dtype=dtype)
+
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=24, max_position_embeddings=32, bias=bias,
+                        position_encoding="rope", feed_forward="geglu", norm_position="pre",
+                        type_vocab_size=0, next_sentence_head=False)  # fmt: skip
+    torch.manual_seed(0)
+    newer = BertForPreTraining(config)
+    monkeypatch.setattr(nn.LayerNorm, "__init__", torch_2_0_signature)
+    torch.manual_seed(0)
+    older = BertForPreTraining(config)
+    assert older.state_dict().keys() == newer.state_dict().keys()
+    assert any(name.endswith("final_norm.bias") for name in newer.state_dict()) is bias
+    for name, tensor in newer.state_dict().items():
+        assert torch.equal(older.state_dict()[name], tensor), name
+    hidden = torch.randn(3, 16)
+    assert torch.equal(older.bert.final_norm(hidden), newer.bert.final_norm(hidden))

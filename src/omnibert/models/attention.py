@@ -103,6 +103,11 @@ def check_backend(
 ) -> None:
     """Refuse, with the key to change, a backend that cannot run this way (before compute)."""
     small_heads = head_size is not None and head_size < FLEX_MIN_HEAD_SIZE
+    if backend == "flex" and device_type == "ipu":
+        raise BertConfigError(
+            "model.config.attention=flex needs FlexAttention (torch >= 2.5), which the IPU's "
+            "torch 2.0.1 (poptorch 3.4) does not have; use auto, sdpa or math there."
+        )
     if backend == "flex" and device_type == "cuda" and small_heads:
         raise BertConfigError(
             f"model.config.attention=flex needs a head size of at least {FLEX_MIN_HEAD_SIZE} "

@@ -95,7 +95,13 @@ def make_norm(config: BertConfig) -> nn.Module:
     """The norm of ``config.norm`` (LayerNorm with a bias iff ``config.bias``; RMSNorm has none)."""
     if config.norm == "rmsnorm":
         return RMSNorm(config.hidden_size, config.layer_norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+    norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+    if not config.bias:
+        # what LayerNorm(bias=False) builds (torch >= 2.1), without that keyword: the IPU
+        # environment's torch 2.0.1 (poptorch 3.4) has no such argument, and its
+        # F.layer_norm takes a bias of None as well
+        norm.register_parameter("bias", None)
+    return norm
 
 
 @torch.no_grad()
