@@ -143,6 +143,81 @@ def test_one_gpu_ddp(tmp_path):
     assert math.isfinite(summary["validation"]["val/loss"])
 
 
+# ----------------------------------------------------------------------------- modern
+#: model=modern_tiny (layer 0 global, layer 1 local with a 64-token window, rope, GeGLU,
+#: pre-norm, no biases, MLM only) on generated single-segment rows of 128 tokens, so that the
+#: window restricts the local layer; 2 steps, validated at the end, the GPU's defaults
+MODERN_TINY = (
+    "model=modern_tiny", "data=generated", "data.next_sentence=false", "data.vocab_size=128",
+    "data.num_train_samples=64", "data.num_eval_samples=8", "data.num_workers=0",
+    "phase.max_seq_length=128", "phase.max_predictions_per_seq=20", "phase.global_batch_size=8",
+    "micro_batch_size=4", "phase.max_steps=2", "val_every_n_steps=2", "logger=none",
+    "callbacks=minimal",
+)  # fmt: skip
+#: local_window=64: varlen attends per re-padded bucket (the band); 0: rope only, varlen's
+#: fused kernel (omnibert.models.bert.BertModel.forward)
+MODERN_WINDOWS = pytest.mark.parametrize("local_window", [64, 0], ids=["local", "rope_only"])
+
+
+@MODERN_WINDOWS
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_modern_tiny_trains_on_cuda(tmp_path, attention, local_window, fresh_dynamo):
+    """CPU twin: test_gpu_twins.py::test_modern_tiny_trains_on_the_cpu (fp32, eager)."""
+    cfg = compose("pretrain", [*MODERN_TINY, "accelerator=gpu", f"paths.output_root={tmp_path}",
+                               f"model.config.attention={attention}",
+                               f"model.config.local_window={local_window}"])  # fmt: skip
+    summary = run_or_exit(cfg, tmp_path / "out")
+    plan = summary["plan"]
+    assert plan["precision"] == "bf16-mixed" and plan["attention"] == attention
+    assert plan["kernels"]["compile"].startswith("torch.compile")
+    assert plan["objective"] == "MLM only" and summary["steps"] == 2
+    validation = summary["validation"]
+    assert validation is not None and math.isfinite(validation["val/loss"])
+    assert validation["val/loss"] == validation["val/mlm_loss"]
+
+
+@MODERN_WINDOWS
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_modern_tiny_forward_on_cuda_matches_the_cpu_math_backend(attention, local_window):
+    """The modern_tiny preset's encoder, the same perturbed weights and packed rows longer
+    than the window: CUDA fp32 (no TF32) against the CPU's math backend, whole rows and the
+    pretraining forward's read rows (its queries-only last layer is the local one), at the
+    fp32 tolerance every backend meets against the reference in test_modern_arch.py (1e-5).
+    CPU twin: test_modern_arch.py checks math, sdpa and varlen on the CPU against that
+    reference."""
+    from omegaconf import OmegaConf
+    from test_modern_arch import FP32, model_of, rows_of
+
+    from omnibert.models import BertConfig
+
+    preset = compose("pretrain", ["model=modern_tiny", "data=generated"]).model.config
+    config = BertConfig.from_dict(
+        {**OmegaConf.to_container(preset, resolve=True), "vocab_size": 128,
+         "local_window": local_window}
+    )  # fmt: skip
+    assert config.has_local_layers is (local_window > 0)
+    batch = rows_of([[128], [90, 30], [70, 40, 10], [100]], seq=128)  # [100]: 28 padding slots
+    reads = torch.stack([torch.randperm(128, generator=torch.Generator().manual_seed(r))[:20]
+                         for r in range(4)])  # fmt: skip
+    cpu = model_of(config, "math").eval()
+    cuda = model_of(config, attention).eval().cuda()
+    real = batch["sequence_ids"] != 0
+    inputs = [batch[k] for k in ("input_ids", "segment_ids", "position_ids", "sequence_ids")]
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # fp32 GEMMs, not TF32
+    try:
+        with torch.no_grad():
+            want = cpu.bert(*inputs)
+            got = cuda.bert(*(x.cuda() for x in inputs)).cpu()
+            want_rows = cpu.bert(*inputs, output_positions=reads)
+            got_rows = cuda.bert(*(x.cuda() for x in inputs), output_positions=reads.cuda())
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    torch.testing.assert_close(got[real], want[real], **FP32)
+    read_real = torch.gather(real, 1, reads)  # varlen leaves read padding slots at zero
+    torch.testing.assert_close(got_rows.cpu()[read_real], want_rows[read_real], **FP32)
+
+
 # ----------------------------------------------------------------------------- kernels
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import dynamo_counts
 import pytest
 import torch
-from test_gpu import GPU_SMOKE, TESTS, _trajectory
+from test_gpu import GPU_SMOKE, MODERN_TINY, TESTS, _trajectory
 from torch.utils._python_dispatch import TorchDispatchMode
 from training_state import assert_same_training_state, load_state
 
@@ -298,3 +298,25 @@ def test_fused_adamw_on_the_cpu_matches_foreach():
     assert opt.impl == "foreach"
     for a, b in zip(foreach, fused, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- modern
+@pytest.mark.parametrize(
+    ("attention", "local_window"), [("sdpa", 64), ("varlen", 64), ("varlen", 0)]
+)
+def test_modern_tiny_trains_on_the_cpu(tmp_path, compose_config, attention, local_window):
+    """``test_modern_tiny_trains_on_cuda``'s run on the CPU (fp32, eager, one thread): the
+    window's band on the dense mask, varlen's re-padded buckets with the band, and varlen
+    without a window (on CUDA: its fused kernel)."""
+    summary = run_or_exit(
+        compose_config(*MODERN_TINY, "accelerator=cpu", "accelerator.threads=1",
+                       "accelerator.compile=false", f"model.config.attention={attention}",
+                       f"model.config.local_window={local_window}", root=tmp_path),
+        tmp_path / "out",
+    )  # fmt: skip
+    plan = summary["plan"]
+    assert plan["precision"] == "32-true" and plan["attention"] == attention
+    assert plan["objective"] == "MLM only" and summary["steps"] == 2
+    validation = summary["validation"]
+    assert validation is not None and math.isfinite(validation["val/loss"])
+    assert validation["val/loss"] == validation["val/mlm_loss"]
