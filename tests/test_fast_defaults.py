@@ -201,3 +201,32 @@ def test_precision_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
     assert CPUPlugin(auto_bf16="false").auto_bf16 is False  # from OMNIBERT_AUTO_BF16
     with pytest.raises(UserError, match=r"accelerator\.auto_bf16='sometimes' is not true or"):
         CPUPlugin(auto_bf16="sometimes")
+
+
+def test_compile_auto_stays_eager_on_a_cpu_and_says_why():
+    from omnibert.accelerators.base import AcceleratorError
+    from omnibert.accelerators.cpu import AUTO_COMPILE_REASON
+
+    auto = CPUPlugin()  # accelerator.compile=auto: conf/accelerator/cpu.yaml's default
+    assert auto.compile is False
+    assert auto.kernels() == {"compile": f"off (eager: {AUTO_COMPILE_REASON})"}
+    assert CPUPlugin(compile=False).kernels() == {"compile": "off (eager: accelerator.compile)"}
+    on = CPUPlugin(compile=True)
+    assert on.compile is True and on.kernels()["compile"].startswith("torch.compile, mode ")
+    with pytest.raises(AcceleratorError, match=r"accelerator\.compile='yes' is not auto, true"):
+        CPUPlugin(compile="yes")
+
+
+def test_the_bf16_rule_reads_the_cpus_flags(monkeypatch):
+    from omnibert.accelerators import cpu_bf16
+
+    monkeypatch.setattr(cpu_bf16, "native_bf16_flags", lambda: {"avx512_bf16": False,
+                                                                 "amx_bf16": False})  # fmt: skip
+    monkeypatch.setattr(cpu_bf16, "cpu_capability", lambda: "AVX2")
+    precision, why = CPUPlugin().resolve_precision("auto")
+    assert precision == "32-true" and "neither AVX512-BF16 nor AMX-BF16" in why
+    monkeypatch.setattr(cpu_bf16, "native_bf16_flags", lambda: {"avx512_bf16": False,
+                                                                 "amx_bf16": True})  # fmt: skip
+    monkeypatch.setattr(cpu_bf16, "cpu_capability", lambda: "AVX512")
+    precision, why = CPUPlugin().resolve_precision("auto")
+    assert precision == "bf16-mixed" and "has amx_bf16" in why
