@@ -106,3 +106,97 @@ def test_medians_ratio_and_misses_are_reported_as_measured():
     assert result["omnibert"]["reached"] == 2
     assert result["omnibert"]["best"][2] == (0.081, 100)
     assert "missed the target (best 0.0810 at step 100)" in bench.describe("omnibert", 2, missed)
+
+
+def test_modern_smoke_runs_omnibert_and_modernbert_mlm_only(demo_like, tmp_path, capsys):
+    """In-process (the subprocess of the BERT smoke test already covers the command line)."""
+    import bench_time_to_accuracy as bench
+    import torch
+
+    results = tmp_path / "results"
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["--smoke", "--model", "modern_tiny", "--data", str(demo_like),
+                    "--results-dir", str(results), "--batch", "8", "--threads", "1"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    stdout = capsys.readouterr().out
+    assert "Hugging Face ModernBertForMaskedLM, attn_implementation=sdpa" in stdout
+    # the modern record is its own: the BERT record is not written over
+    assert not (results / "time_to_accuracy.json").exists()
+    record = json.loads((results / "time_to_accuracy_modern.json").read_text())
+    assert "ModernBertForMaskedLM" in record["title"]
+    assert record["tables"][0]["rows"][0][0] == "modern-tiny"
+    assert (results / "time_to_accuracy_modern.svg").read_text().startswith("<?xml")
+    report = record["measurements"]
+    (size,) = report["sizes"]
+    assert size["size"] == "modern_tiny" and size["recipe"]["preset"] == "modern_tiny"
+    ours, theirs = size["omnibert"]["rounds"][0], size["huggingface"]["rounds"][0]
+    assert ours["rows_per_step"] < 8 and theirs["rows_per_step"] == 8
+    for name, side in (("omnibert", ours), ("huggingface", theirs)):
+        assert side["steps"] >= 8 and side["curve"], name  # trained, then evaluated
+        assert side["samples"] >= report["eval_every"], name
+        for _, _, _, accuracy in side["curve"]:
+            assert 0.0 <= accuracy <= 1.0, name
+        if side["seconds"] is None:
+            assert side["steps"] == 12, name
+    for key in ("reached", "median_samples", "median_steps", "best"):
+        assert key in size["omnibert"] and key in size["huggingface"]
+    assert "ratio" in size
+
+
+def test_modern_sizes_are_the_presets_and_decay_the_same_parameters():
+    import bench_time_to_accuracy as bench
+    from omegaconf import OmegaConf
+
+    from omnibert.convert.modernbert import modernbert_parameter_pairs
+    from omnibert.optim.param_groups import matches_any
+
+    # what omnibert-train's optimizer=lamb leaves undecayed, on its own parameter names
+    ours = list(OmegaConf.load(ROOT / "conf" / "optimizer" / "lamb.yaml").no_weight_decay)
+    theirs = bench.NO_WEIGHT_DECAY[True]
+    for name, size in bench.MODERN_SIZES.items():
+        config = bench.preset_config(name, vocab_size=100)
+        assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                config.intermediate_size) == (size.layers, size.hidden, size.heads, size.ffn)  # fmt: skip
+        assert not config.next_sentence_head and config.type_vocab_size == 0
+        pairs = modernbert_parameter_pairs(config)
+        undecayed = [hf for hf, _ in pairs if matches_any(hf, theirs)]
+        assert "model.final_norm.weight" in undecayed and "decoder.bias" in undecayed
+        assert "model.layers.0.attn.Wqkv.weight" not in undecayed
+        for hf, names in pairs:
+            for own in names:  # Lamb's rule (re.search) on each side's name of one tensor
+                assert matches_any(hf, theirs) == matches_any(own, ours), (hf, own)
+
+
+def test_modern_hits_weigh_the_masked_positions_in_any_order():
+    """Hugging Face's sparse logits come in row-major order of the labelled positions, not in
+    the batch's order of masked positions: hits are counted against the right targets, and
+    zero-weight slots are not counted."""
+    import bench_time_to_accuracy as bench
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, local_attention=8, pad_token_id=0, sparse_prediction=True,
+    )  # fmt: skip
+    model = transformers.ModernBertForMaskedLM(config).eval()
+    ids = torch.randint(5, 40, (3, 12))
+    positions = torch.tensor([[7, 2, 9, 0], [3, 9, 5, 0], [1, 8, 4, 6]])
+    weights = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    sequence_ids = torch.ones(3, 12, dtype=torch.long)
+    sequence_ids[1, 10:] = 0  # row 1 is padded from position 10
+    batch = {"input_ids": ids, "sequence_ids": sequence_ids, "masked_lm_positions": positions,
+             "masked_lm_weights": weights}  # fmt: skip
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=(sequence_ids > 0).long()).logits
+        predicted = full.argmax(-1).gather(1, positions)
+    # targets: right where the weight is 1 in a chosen pattern, wrong elsewhere
+    right = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 1], [1, 1, 0, 1]], dtype=torch.bool)
+    batch["masked_lm_ids"] = torch.where(right, predicted, (predicted + 1) % 40)
+    with torch.no_grad():
+        correct, total = bench.hf_modern_hits(model, batch)
+    assert total == 10.0
+    assert correct == float((right.float() * weights).sum())  # 7: zero-weight slots ignored
