@@ -203,15 +203,29 @@ def test_precision_auto_is_bf16_where_the_cpu_has_native_bf16(monkeypatch):
         CPUPlugin(auto_bf16="sometimes")
 
 
-def test_compile_auto_stays_eager_on_a_cpu_and_says_why():
+def test_compile_auto_compiles_only_a_run_long_enough_to_pay():
     from omnibert.accelerators.base import AcceleratorError
-    from omnibert.accelerators.cpu import AUTO_COMPILE_REASON
+    from omnibert.accelerators.cpu import compile_pays
 
     auto = CPUPlugin()  # accelerator.compile=auto: conf/accelerator/cpu.yaml's default
+    assert auto.compile is False and "not decided" in auto.kernels()["compile"]
+    # the demo: 1,000 steps of 32 sequences at ~200/s, 2 layers: minutes, eager
+    auto.decide_compile(1000 * 32 / 200, layers=2)
     assert auto.compile is False
-    assert auto.kernels() == {"compile": f"off (eager: {AUTO_COMPILE_REASON})"}
-    assert CPUPlugin(compile=False).kernels() == {"compile": "off (eager: accelerator.compile)"}
+    assert auto.kernels()["compile"].startswith("off (eager: compile=auto; the run is projected "
+                                                "at 2.7 min eager, under 20x the ~37 s compile")  # fmt: skip
+    # the README's command: 3 steps of 65,536 at ~120/s: 27 min, compiled
+    auto.decide_compile(3 * 65536 / 120, layers=2)
+    assert auto.compile is True and "projected at 27.3 min eager, over 20x" in auto.kernels()[
+        "compile"]  # fmt: skip
+    compiled, why = compile_pays(30 * 60, layers=12)  # bert-base: ~222 s a compile
+    assert compiled is False and "under 20x the ~222 s compile" in why
+    assert compile_pays(None, 2)[0] is False  # no probe rate: eager
+    off = CPUPlugin(compile=False)
+    off.decide_compile(10**6, layers=2)  # an explicit setting stays
+    assert off.kernels() == {"compile": "off (eager: accelerator.compile)"}
     on = CPUPlugin(compile=True)
+    on.decide_compile(1.0, layers=2)
     assert on.compile is True and on.kernels()["compile"].startswith("torch.compile, mode ")
     with pytest.raises(AcceleratorError, match=r"accelerator\.compile='yes' is not auto, true"):
         CPUPlugin(compile="yes")

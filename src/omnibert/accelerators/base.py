@@ -105,6 +105,10 @@ class AcceleratorPlugin:
                 f"use one of {', '.join(self.precisions)}."
             )
 
+    def decide_compile(self, run_seconds: float | None, layers: int) -> None:
+        """Settle an automatic ``accelerator.compile`` from the run's projected eager length
+        (``None``: not measured); backends without one keep their setting."""
+
     def configure_threads(self, num_workers: int, rows_per_second: float | None = None) -> str:
         """Set this process's host threads for training with ``num_workers`` loader workers
         feeding ``rows_per_second`` rows (None: not measured) and say what and why (``""``:

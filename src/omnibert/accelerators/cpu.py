@@ -21,13 +21,33 @@ from omnibert.threads import WAIT_POLICIES, choose_threads, set_wait_policy_env
 __all__ = ["CPUPlugin", "compile_in_place"]
 
 
-#: why ``accelerator.compile=auto`` runs eagerly on a CPU: torch.compile's training step was
-#: measured slower than eager at the CPU presets' shapes, compile time aside
-#: (scripts/bench_defaults.py's grid, docs/benchmarks)
-AUTO_COMPILE_REASON = (
-    "compile=auto; on a CPU torch.compile trained slower than eager in the defaults "
-    "benchmark, compile time aside"
-)
+#: ``accelerator.compile=auto`` on a CPU: seconds a cold compile of bert-tiny's training step
+#: took on 2 cores (the demo: 37 s; 4 s with a warm inductor cache), scaled by layers / 2
+COMPILE_SECONDS_PER_2_LAYERS = 37.0
+#: ... and compile only where the run is projected to last this many compile times: the
+#: compiled step measured from no faster (the demo, micro batch 32: 210/220 against 206/220
+#: sequences/s) to 1.18x faster (the README's command, micro batch 256, 30,522-token vocab:
+#: 144/142 against 121/118), so a run this long loses at most 1/20 to compiling and gains
+#: where the larger steps fuse (docs/accelerators/cpu.md)
+COMPILE_PAYS_AFTER = 20.0
+
+
+def compile_pays(run_seconds: float | None, layers: int) -> tuple[bool, str]:
+    """``accelerator.compile=auto`` on a CPU: compile when the eager run is projected to last
+    :data:`COMPILE_PAYS_AFTER` times the estimated compile time, and why (in words)."""
+    cost = COMPILE_SECONDS_PER_2_LAYERS * max(1.0, layers / 2)
+    if run_seconds is None:
+        return False, "compile=auto; no timed rate to project the run's length (eager)"
+    need = COMPILE_PAYS_AFTER * cost
+    span = f"the run is projected at {run_seconds / 60:.1f} min eager"
+    if run_seconds >= need:
+        return True, (
+            f"compile=auto: {span}, over {COMPILE_PAYS_AFTER:.0f}x the ~{cost:.0f} s compile"
+        )
+    return False, (
+        f"compile=auto; {span}, under {COMPILE_PAYS_AFTER:.0f}x the ~{cost:.0f} s compile, "
+        "which measured gains from 0 to 18 % on a CPU"
+    )
 
 
 class CPUPlugin(AcceleratorPlugin):
@@ -35,7 +55,7 @@ class CPUPlugin(AcceleratorPlugin):
 
     Args:
         compile: ``torch.compile`` the model's forward in place before training (``True``),
-            or not; ``"auto"``: eager (:data:`AUTO_COMPILE_REASON`).
+            or not; ``"auto"``: where the run is long enough to pay (:func:`compile_pays`).
         compile_options: ``torch.compile`` keyword arguments (``mode``, ``dynamic``, ...).
         threads: intra-op threads per process; ``None``: ``OMP_NUM_THREADS`` if set, else
             the CPUs this process may use, less what its loader workers really use
@@ -82,9 +102,13 @@ class CPUPlugin(AcceleratorPlugin):
             raise AcceleratorError(
                 f"accelerator.compile={compile!r} is not auto, true or false; set one."
             )
-        #: auto: eager on a CPU, where torch.compile was measured no faster over a run
+        #: auto: decided by :meth:`decide_compile` from the run's projected length (eager
+        #: until then)
+        self.compile_auto = compile == "auto"
         self.compile = compile is True
-        self.compile_reason = AUTO_COMPILE_REASON if compile == "auto" else "accelerator.compile"
+        self.compile_reason = (
+            "compile=auto; not decided (eager)" if self.compile_auto else "accelerator.compile"
+        )
         self.compile_options = dict(compile_options or {})
         self.threads = threads
         self.omp_wait_policy = omp_wait_policy
@@ -148,9 +172,18 @@ class CPUPlugin(AcceleratorPlugin):
     def compile_model(self, model: nn.Module) -> nn.Module:
         return compile_in_place(model, self.compile_options) if self.compile else model
 
+    def decide_compile(self, run_seconds: float | None, layers: int) -> None:
+        """``accelerator.compile=auto``: compile iff the run is long enough to pay
+        (:func:`compile_pays`); an explicit true/false stays."""
+        if self.compile_auto:
+            self.compile, self.compile_reason = compile_pays(run_seconds, layers)
+
     def kernels(self) -> dict[str, str]:
         if self.compile:
-            return super().kernels()
+            out = super().kernels()
+            if self.compile_auto:
+                out["compile"] += f" ({self.compile_reason})"
+            return out
         return {"compile": f"off (eager: {self.compile_reason})"}
 
     def describe(self) -> dict[str, Any]:

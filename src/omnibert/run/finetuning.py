@@ -115,6 +115,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
         )
     # CPU threads from the CPUs this process may use, as pretraining sets them
     plugin.configure_threads(config.data.num_workers)
+    plugin.decide_compile(None, 0)  # compile=auto: no timed rate here, so eager (CPU)
     checkpoint_dir = Path(config.paths.checkpoint_dir)
     refuse_a_finished_run(checkpoint_dir, config.ckpt_path, FineTuneInputError)
     ckpt_path = resolve_ckpt_path(config.ckpt_path, checkpoint_dir)

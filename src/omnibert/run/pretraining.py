@@ -100,6 +100,10 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     # again with the rows per second the probe measured: what the loader workers must feed
     rate = dict(choice.probe["rates"]).get(choice.size) if choice.probe else None
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0), rate)
+    # accelerator.compile=auto (CPU): compile where the run is long enough to pay
+    rows = int(config.trainer.max_steps) * batch.rows_per_step / max(1, batch.world_size)
+    layers = int(config.model.fields.get("num_hidden_layers") or 1)
+    plugin.decide_compile(rows / rate if rate else None, layers)
     plan = plan_run(config, datamodule, batch, precision, clip)
     plugin.check_accumulation(plan.batch.accumulate_grad_batches)
     attention = plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
