@@ -59,10 +59,10 @@ COMMANDS: dict[str, tuple[list[str], list[str]]] = {
     ),
     # the README's 3 steps of 65,536 sequences as 192 steps of 1,024 (the same sequences, so
     # the run's projected length, which accelerator.compile=auto reads, is the real one),
-    # stopped after 45 s of training by Lightning's max_time
+    # stopped after 60 s of training by Lightning's max_time
     "readme": (
         ["model=bert_tiny", "data=generated"],
-        ["phase.max_steps=192", "phase.global_batch_size=1024", "+trainer.max_time=00:00:00:45"],
+        ["phase.max_steps=192", "phase.global_batch_size=1024", "+trainer.max_time=00:00:01:00"],
     ),
 }  # fmt: skip
 #: the README command's real global batch (phase1): what one of its steps holds
@@ -99,6 +99,11 @@ def run_once(command: str, setting: list[str], work: Path, tag: str) -> dict[str
     summary = json.loads((out / "summary.json").read_text())
     plan = summary["plan"]
     throughput = summary["throughput"]
+    if "samples_per_sec" not in throughput:  # fewer than two logging points: whole-run rate
+        raise SystemExit(
+            f"{command} {setting}: the run logged fewer than two steps (its first step took "
+            "the whole time limit); rerun on a less loaded machine"
+        )
     steady = float(throughput["samples_per_sec"])
     # the first step's excess over the steady rate (compilation, warm-up), spread over the
     # command's real run: the rate that run would see from its first step to its last
@@ -155,6 +160,29 @@ def before(command: str, cpus: int) -> list[str]:
             "trainer.precision=32-true", "accelerator.compile=false"]  # fmt: skip
 
 
+def figure_of(report: dict[str, Any]) -> Any:
+    """Bars of the defaults, the best hand-tuned setting and the previous defaults (medians,
+    seq/s) per command and machine state, from a report's rates."""
+    groups, series = [], {"defaults": [], "best": [], "previous defaults": []}
+    for command, result in report["commands"].items():
+        for state, by in result["rates"].items():
+            if not by:
+                continue
+            med = {k: statistics.median(v) for k, v in by.items()}
+            groups.append(f"{command} {state}")
+            series["defaults"].append(med["defaults"])
+            series["best"].append(med[result[f"{state}_best"]])
+            series["previous defaults"].append(med.get("before"))
+    return benchplot.bars("defaults against the best hand-tuned setting", "sequences/s",
+                          groups, series, ratio_of=("defaults", "best"))  # fmt: skip
+
+
+def replot(path: Path) -> None:
+    """Draw the figure of a record written without one (``--replot``) from its measurements."""
+    record = benchplot.load(path)
+    benchplot.save(record, figure_of(record.measurements), path.parent)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--commands", default="demo,quickstart,readme")
@@ -168,7 +196,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="a grid point by name (e.g. 'threads 2, bf16, micro 256, compile'): "
                    "no grid, the named points go to the rounds (repeatable)")  # fmt: skip
     benchplot.add_arguments(p)
+    p.add_argument("--replot", type=Path, help="only draw the figure of this record")
     args = p.parse_args(argv)
+    if args.replot is not None:
+        replot(args.replot)
+        return {}
     from omnibert.accelerators.cpu_bf16 import cpu_bf16_support
     from omnibert.threads import usable_cpus
 
@@ -267,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "previous defaults seq/s"], rows)],
         measurements=report,
     )  # fmt: skip
-    benchplot.save(record, None, args.results_dir)
+    benchplot.save(record, figure_of(report), args.results_dir)
     return report
 
 

@@ -50,6 +50,19 @@ def compile_pays(run_seconds: float | None, layers: int) -> tuple[bool, str]:
     )
 
 
+def _flag(value: Any, key: str) -> bool:
+    """A yes/no key as a bool, or as an environment variable gives it (``true``/``false``,
+    ``1``/``0``, ``yes``/``no``, ``on``/``off``); anything else is one sentence."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise AcceleratorError(f"{key}={value!r} is not true or false; set {key}=true or false.")
+
+
 class CPUPlugin(AcceleratorPlugin):
     """CPU training.
 
@@ -113,9 +126,7 @@ class CPUPlugin(AcceleratorPlugin):
         self.threads = threads
         self.omp_wait_policy = omp_wait_policy
         self.allow_slow_bf16 = bool(allow_slow_bf16)
-        from omnibert.config.sections import flag
-
-        self.auto_bf16 = flag(auto_bf16, "accelerator.auto_bf16")
+        self.auto_bf16 = _flag(auto_bf16, "accelerator.auto_bf16")
         self._bf16: Bf16Support | None = None
 
     def resolve_precision(self, precision: Any) -> tuple[str, str]:
