@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from omnibert.stopping import Stopped, app_name, handle_stop_signals
 
@@ -116,3 +117,16 @@ def exit_on(app: str) -> Iterator[None]:
         except LostRank as lost:
             report_once(f"{app}: {lost}")
             sys.exit(lost.exit_code)
+
+
+def yes_no(value: Any, key: str, error: type[UserError] = UserError) -> bool:
+    """A yes/no key: a bool, or what an environment variable gives for one (``true``/``false``,
+    ``1``/``0``, ``yes``/``no``, ``on``/``off``); anything else is ``error``'s one sentence."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise error(f"{key}={value!r} is not true or false; set {key}=true or {key}=false.")

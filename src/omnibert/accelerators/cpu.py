@@ -16,6 +16,7 @@ from torch import nn
 from omnibert.accelerators.base import AcceleratorError, AcceleratorPlugin
 from omnibert.accelerators.cpu_bf16 import Bf16Support, cpu_bf16_support
 from omnibert.compat import compile_in_place
+from omnibert.errors import yes_no
 from omnibert.threads import WAIT_POLICIES, choose_threads, set_wait_policy_env
 
 __all__ = ["CPUPlugin", "compile_in_place"]
@@ -48,19 +49,6 @@ def compile_pays(run_seconds: float | None, layers: int) -> tuple[bool, str]:
         f"compile=auto; {span}, under {COMPILE_PAYS_AFTER:.0f}x the ~{cost:.0f} s compile, "
         "which measured gains from 0 to 18 % on a CPU"
     )
-
-
-def _flag(value: Any, key: str) -> bool:
-    """A yes/no key as a bool, or as an environment variable gives it (``true``/``false``,
-    ``1``/``0``, ``yes``/``no``, ``on``/``off``); anything else is one sentence."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise AcceleratorError(f"{key}={value!r} is not true or false; set {key}=true or false.")
 
 
 class CPUPlugin(AcceleratorPlugin):
@@ -126,7 +114,7 @@ class CPUPlugin(AcceleratorPlugin):
         self.threads = threads
         self.omp_wait_policy = omp_wait_policy
         self.allow_slow_bf16 = bool(allow_slow_bf16)
-        self.auto_bf16 = _flag(auto_bf16, "accelerator.auto_bf16")
+        self.auto_bf16 = yes_no(auto_bf16, "accelerator.auto_bf16", AcceleratorError)
         self._bf16: Bf16Support | None = None
 
     def resolve_precision(self, precision: Any) -> tuple[str, str]:

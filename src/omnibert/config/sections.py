@@ -27,7 +27,6 @@ __all__ = [
     "Phase",
     "Trainer",
     "at_least",
-    "flag",
     "next_sentence_objective",
     "objective_name",
     "positive_int",
@@ -43,19 +42,6 @@ def at_least(key: str, value: Any, low: int | float) -> None:
     """``value`` (unless None) must be at least ``low``."""
     if value is not None and value < low:
         raise ConfigError(f"{key}={value!r} must be at least {low}; fix {key}.")
-
-
-def flag(value: Any, key: str) -> bool:
-    """A yes/no key: a bool, or what an environment variable gives (``true``/``false``,
-    ``1``/``0``, ``yes``/``no``, ``on``/``off``); anything else is one sentence."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{key}={value!r} is not true or false; set {key}=true or {key}=false.")
 
 
 def positive_int(value: Any) -> bool:

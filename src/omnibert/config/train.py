@@ -27,11 +27,10 @@ from omnibert.config.sections import (
     Phase,
     Trainer,
     at_least,
-    flag,
     positive_int,
     shared_sections,
 )
-from omnibert.errors import UserError
+from omnibert.errors import UserError, yes_no
 
 __all__ = ["TrainConfig", "TrainConfigError"]
 
@@ -89,7 +88,9 @@ class TrainConfig:
             phase=phase,
             eval_micro_batch_size=c.get("eval_micro_batch_size"),
             memory_fraction=float(c.get("memory_fraction", 0.8)),
-            micro_batch_probe=flag(c.get("micro_batch_probe", True), "micro_batch_probe"),
+            micro_batch_probe=yes_no(
+                c.get("micro_batch_probe", True), "micro_batch_probe", ConfigError
+            ),
             val_every_n_steps=c.get("val_every_n_steps"),
             steps_per_epoch=c.get("steps_per_epoch"),
             clip_grad_per_micro_batch=c.get("clip_grad_per_micro_batch", "auto"),
