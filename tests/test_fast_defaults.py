@@ -244,3 +244,21 @@ def test_the_bf16_rule_reads_the_cpus_flags(monkeypatch):
     monkeypatch.setattr(cpu_bf16, "cpu_capability", lambda: "AVX512")
     precision, why = CPUPlugin().resolve_precision("auto")
     assert precision == "bf16-mixed" and "has amx_bf16" in why
+
+
+def test_a_checkpoint_from_before_the_modern_options_resumes(tmp_path):
+    # checkpoints written before BertConfig grew its modern fields hold only BERT's: what
+    # they lack counts as the default (make demo resumes its earlier run this way)
+    from omnibert.run.checkpoints import check_resume_target
+    from omnibert.run.plan import TrainConfigError
+
+    old_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "hidden_act", "hidden_dropout_prob",
+                  "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+                  "layer_norm_eps", "initializer_range", "pad_vocab_size_multiple", "attention")  # fmt: skip
+    now = TINY.to_dict()
+    ckpt = tmp_path / "old.ckpt"
+    torch.save({"hyper_parameters": {"model_config": {k: now[k] for k in old_fields}}}, ckpt)
+    check_resume_target(str(ckpt), now)  # no refusal
+    with pytest.raises(TrainConfigError, match=r"feed_forward='mlp' \(now 'geglu'\)"):
+        check_resume_target(str(ckpt), {**now, "feed_forward": "geglu"})

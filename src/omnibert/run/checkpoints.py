@@ -11,6 +11,7 @@ state are looked at. The atomic writes themselves are
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +23,7 @@ from omnibert.ckpt_files import saved_step, unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
-from omnibert.models.config import RUNTIME_FIELDS
+from omnibert.models.config import RUNTIME_FIELDS, BertConfig
 
 __all__ = [
     "RESUME_FILE",
@@ -91,10 +92,13 @@ def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
     except Exception as err:
         raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
     theirs = (saved.get("hyper_parameters") or {}).get("model_config") or {}
+    # a field the checkpoint lacks (written before the field existed) counts as its default
+    defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
     diffs = [
-        f"{k}={theirs.get(k)!r} (now {v!r})"
+        f"{k}={theirs.get(k, defaults.get(k))!r} (now {v!r})"
         for k, v in model_config.items()
-        if theirs.get(k) != v and k not in RUNTIME_FIELDS  # e.g. attention: any backend resumes
+        # e.g. attention: any backend resumes
+        if theirs.get(k, defaults.get(k)) != v and k not in RUNTIME_FIELDS
     ]
     if diffs:
         raise TrainConfigError(
