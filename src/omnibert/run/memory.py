@@ -24,7 +24,7 @@ from omnibert.run.activation_memory import estimate
 from omnibert.run.compile_only import available_memory as available_memory_of
 from omnibert.run.plan import TrainConfigError
 
-__all__ = ["UNKNOWN_MEMORY_CAP", "MicroBatchChoice", "choose_micro_batch"]
+__all__ = ["UNKNOWN_MEMORY_CAP", "MicroBatchChoice", "choose_micro_batch", "largest_micro_batch"]
 
 #: micro batch used when the device's memory is unknown and the user set none
 UNKNOWN_MEMORY_CAP = 32
@@ -73,7 +73,7 @@ def choose_micro_batch(
     if available is None:
         if requested is not None:
             return MicroBatchChoice(requested, "set by micro_batch_size (device memory unknown)")
-        size = _largest(per_device, min(UNKNOWN_MEMORY_CAP, max_rows), packed)
+        size = largest_micro_batch(per_device, min(UNKNOWN_MEMORY_CAP, max_rows), packed)
         return MicroBatchChoice(
             size, f"device memory unknown: the largest size up to {UNKNOWN_MEMORY_CAP} that "
             "divides the per-device batch; set micro_batch_size to choose"
@@ -94,7 +94,7 @@ def choose_micro_batch(
     if requested is not None:
         need = fixed + requested * per_row
         if need > budget:
-            best = _largest(per_device, min(fits, max_rows), packed) if fits >= 1 else 0
+            best = largest_micro_batch(per_device, min(fits, max_rows), packed) if fits >= 1 else 0
             fix = f"set micro_batch_size={best} or less" if best else "use a smaller model or "
             fix += "" if best else "sequence length, or a device with more memory"
             raise TrainConfigError(
@@ -110,7 +110,7 @@ def choose_micro_batch(
             f"even micro batch 1 needs an estimated {_gib(fixed + per_row)} but the budget is "
             f"{where}; use a smaller model or sequence length, or a device with more memory."
         )
-    size = _largest(per_device, min(fits, max_rows), packed)
+    size = largest_micro_batch(per_device, min(fits, max_rows), packed)
     need = fixed + size * per_row
     rule = (
         f"packed rows, at most the per-device batch of {per_device} (the plan rounds them)"
@@ -123,7 +123,7 @@ def choose_micro_batch(
     )  # fmt: skip
 
 
-def _largest(per_device: int, limit: int, packed: bool) -> int:
+def largest_micro_batch(per_device: int, limit: int, packed: bool) -> int:
     """The largest micro batch <= limit: any size when packed, else a divisor of per_device."""
     limit = max(1, min(limit, per_device))
     if packed:

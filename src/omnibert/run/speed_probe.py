@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from omnibert.run.memory import largest_micro_batch
+
 __all__ = [
     "BUDGET_S",
     "TOLERANCE",
@@ -102,17 +104,9 @@ def candidate_sizes(limit: int, per_device: int, packed: bool, count: int = 4) -
     """Up to ``count`` ascending sizes: ``limit`` (the largest that fits) and about a quarter
     of the previous one below it, each a divisor of ``per_device`` when unpacked and none
     below :data:`MIN_SIZE` (a row or two per pass is never the fastest per row)."""
-    limit = max(1, limit)
-
-    def admissible(size: int) -> int:
-        """The largest admissible size <= size (a divisor of per_device unless packed)."""
-        if packed:
-            return size
-        return max(d for d in range(1, size + 1) if per_device % d == 0)
-
-    sizes = [admissible(limit)]
+    sizes = [largest_micro_batch(per_device, limit, packed)]
     while len(sizes) < count:
-        smaller = admissible(max(1, sizes[-1] // 4))
+        smaller = largest_micro_batch(per_device, max(1, sizes[-1] // 4), packed)
         if smaller >= sizes[-1] or smaller < MIN_SIZE:
             break
         sizes.append(smaller)
@@ -285,7 +279,7 @@ def probe_micro_batch(
     from omnibert.models import BertForPreTraining
 
     key_facts = {
-        "model": {k: v for k, v in model_config.to_dict().items()},
+        "model": model_config.to_dict(),
         "shapes": {k: list(v)[1:] for k, v in shapes.items()},
         "precision": precision,
         "device": _device_name(device),
