@@ -288,7 +288,7 @@ def _bench_findings(name: str) -> Callable[[Check, list[int]], dict[str, Any]]:
 STEPS = [
     Step("install", 90, _install),
     Step("probe", 120, _probe, _probe_findings),
-    Step("gpu-tests", 200, _tests, _test_findings),
+    Step("gpu-tests", 250, _tests, _test_findings),
     Step("bench-lamb", 50, _bench_lamb, _bench_findings("lamb")),
     Step("bench-gpu", 300, _bench_gpu, _bench_findings("gpu")),
 ]
