@@ -38,7 +38,14 @@ length), where packing gains little. Needs ``transformers`` (the ``bench`` extra
 Cases: ``--cases MODEL:SEQ:PACKING[:HISTOGRAM],...`` (e.g. ``base:128:none,large:512:online:wiki``;
 ``wiki`` is the repo's ``tests/fixtures/wikipedia_seqlen_histogram_512.json``, anything else a
 path; without one a case takes ``--length-histogram``) runs those, in that order; without it,
-every ``--seq`` x ``--packing`` for ``--model``.
+every ``--seq`` x ``--packing`` for ``--model``. A case may also set its attention and micro
+batch, overriding ``--attention`` and ``--batch``:
+``large:512:none:attention=varlen,large:512:online:wiki:batch=64``.
+
+``--profile``: after the timed rounds, one more pass of each side's steps under
+``torch.profiler`` (:func:`profile_pass`): on CUDA the kernels' device time by kind (matmul,
+attention, normalisation, optimiser, copies, elementwise), how busy the device was over the
+pass's wall time, and the top kernels; on a CPU the operators' own host time.
 
 ``--lease``: a short GPU lease (about 200 s on one H100): BERT-base seq 128 unpacked, then
 BERT-large seq 512 unpacked, then BERT-large seq 512 online-packed with the Wikipedia
@@ -76,6 +83,7 @@ import dataclasses
 import gc
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -148,20 +156,30 @@ class Case:
     seq: int
     packing: str
     histogram: str | None = None  # data.length_histogram; None: --length-histogram
+    attention: str | None = None  # model.config.attention; None: --attention
+    batch: int | None = None  # rows per step; None: --batch
 
     def label(self) -> str:
         name = f"BERT-{self.model} seq {self.seq}, packing {self.packing}"
-        return name + (f", lengths {Path(self.histogram).name}" if self.histogram else "")
+        name += f", lengths {Path(self.histogram).name}" if self.histogram else ""
+        return name + self.options()
+
+    def options(self) -> str:
+        """What this case sets beyond the command's flags, for labels (empty when nothing)."""
+        parts = [f"attention {self.attention}"] * bool(self.attention)
+        parts += [f"micro batch {self.batch}"] * bool(self.batch)
+        return "".join(f", {part}" for part in parts)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def parse_cases(text: str) -> list[Case]:
-    """``MODEL:SEQ:PACKING[:HISTOGRAM],...`` (module docstring) as :class:`Case` objects."""
+    """``MODEL:SEQ:PACKING[:HISTOGRAM][:attention=NAME][:batch=ROWS],...`` (module docstring)
+    as :class:`Case` objects."""
     cases = []
     for spec in filter(None, (part.strip() for part in text.split(","))):
-        fields = spec.split(":", 3)
+        fields = spec.split(":")
         if len(fields) < 3 or fields[0] not in MODELS or fields[2] not in ("none", "online"):
             raise SystemExit(
                 f"bench_gpu: --cases entry {spec!r} is not MODEL:SEQ:PACKING[:HISTOGRAM] with "
@@ -171,13 +189,25 @@ def parse_cases(text: str) -> list[Case]:
             seq = int(fields[1])
         except ValueError:
             raise SystemExit(f"bench_gpu: --cases entry {spec!r}: SEQ must be an integer") from None
+        options = dict(f.split("=", 1) for f in fields[3:] if "=" in f)
+        plain = [f for f in fields[3:] if "=" not in f]
+        unknown = sorted(set(options) - {"attention", "batch"})
+        if unknown or len(plain) > 1 or not options.get("batch", "1").isdigit():
+            raise SystemExit(
+                f"bench_gpu: --cases entry {spec!r}: after PACKING come a histogram and "
+                "attention=NAME or batch=ROWS (a positive integer), e.g. "
+                "large:512:online:wiki:attention=varlen:batch=64"
+            )
         histogram = None
-        if len(fields) == 4 and fields[3]:
-            path = HISTOGRAMS.get(fields[3], Path(fields[3]))
+        if plain and plain[0]:
+            path = HISTOGRAMS.get(plain[0], Path(plain[0]))
             histogram = str(Path(path).resolve())
             if not Path(histogram).is_file():
                 raise SystemExit(f"bench_gpu: --cases entry {spec!r}: no file {histogram}")
-        cases.append(Case(fields[0], seq, fields[2], histogram))
+        batch = int(options["batch"]) if "batch" in options else None
+        if batch == 0:
+            raise SystemExit(f"bench_gpu: --cases entry {spec!r}: batch must be at least 1")
+        cases.append(Case(fields[0], seq, fields[2], histogram, options.get("attention"), batch))
     if not cases:
         raise SystemExit("bench_gpu: --cases names no case")
     return cases
@@ -196,10 +226,10 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     return peak_for_name(name), name
 
 
-def micro_batch(args: argparse.Namespace, seq: int) -> int:
-    """Rows per step: ``--batch``, else 128 at seq <= 128 and 32 above (BERT-large in bf16
-    with both models resident fits an 80 GB GPU)."""
-    return int(args.batch or (128 if seq <= 128 else 32))
+def micro_batch(args: argparse.Namespace, case: Case) -> int:
+    """Rows per step: the case's ``batch=``, else ``--batch``, else 128 at seq <= 128 and 32
+    above (BERT-large in bf16 with both models resident fits an 80 GB GPU)."""
+    return int(case.batch or args.batch or (128 if case.seq <= 128 else 32))
 
 
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
@@ -209,7 +239,7 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
 
     seq, packing = case.seq, case.packing
     layers, hidden, heads, inter = MODELS[case.model]
-    rows = args.rows or max(1024, 8 * micro_batch(args, seq) * args.steps)
+    rows = args.rows or max(1024, 8 * micro_batch(args, case) * args.steps)
     overrides = [
         f"paths.output_root={root}",
         f"run_name=bench-{case.model}-{seq}-{packing}",
@@ -224,8 +254,8 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
         f"seed={args.seed}",
         f"phase.max_seq_length={seq}",
         f"phase.max_predictions_per_seq={args.predictions or PREDICTIONS.get(seq, seq // 6)}",
-        f"phase.global_batch_size={micro_batch(args, seq)}",
-        f"micro_batch_size={micro_batch(args, seq)}",
+        f"phase.global_batch_size={micro_batch(args, case)}",
+        f"micro_batch_size={micro_batch(args, case)}",
         # the micro batch as given, checked by prepare's memory estimate as a run's is
         "phase.max_steps=1000",
         f"accelerator={'gpu' if args.device == 'cuda' else 'cpu'}",
@@ -243,8 +273,8 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
     histogram = case.histogram or args.length_histogram
     if histogram:
         overrides.append(f"data.length_histogram={histogram}")
-    if args.attention:
-        overrides.append(f"model.config.attention={args.attention}")
+    if case.attention or args.attention:
+        overrides.append(f"model.config.attention={case.attention or args.attention}")
     if args.compile is not None:
         overrides.append(f"accelerator.compile={str(args.compile).lower()}")
     overrides += args.override or []
@@ -422,7 +452,7 @@ def run_case(
     graphs = bool(getattr(plugin, "uses_cuda_graphs", False))
     setup_seconds = time.monotonic() - started
     print(
-        f"  setup {setup_seconds:.1f} s: {precision}, micro batch {micro_batch(args, seq)}, "
+        f"  setup {setup_seconds:.1f} s: {precision}, micro batch {micro_batch(args, case)}, "
         f"compile {compiled['scope']}"
         + (f" (options {compiled['options']})" if plugin.compile else "")
         + f", {args.warmup} warm-up pass(es), {args.rounds} rounds of {args.steps} steps",
@@ -473,15 +503,20 @@ def run_case(
             measured, _ = plugin.peak_memory()
             if measured is not None:
                 peak[name] = max(peak[name] or 0, measured)
+    profiles = (
+        {name: profile_pass(run, plugin) for name, run in runners.items()} if args.profile else {}
+    )
     flops_peak, device_name = peak_flops(plugin.device)
     out: dict[str, Any] = {
         "model": case.model,
         "seq": seq,
         "packing": packing,
+        "attention": case.attention or args.attention,
+        "options": case.options().removeprefix(", "),
         "length_histogram": case.histogram or args.length_histogram,
         "precision": precision,
         "kernels": plan.kernels,
-        "micro_batch": micro_batch(args, seq),
+        "micro_batch": micro_batch(args, case),
         "device": device_name,
         "compile": compiled,
         "rounds": len(seconds["omnibert"]),
@@ -500,6 +535,8 @@ def run_case(
             "warmup_seconds": round(warmup[name], 3),
             "dynamo": dynamo[name],
         }
+        if name in profiles:
+            out[name]["profile"] = profiles[name]
     ratios = [
         (facts["omnibert"]["sequences"] / a) / (facts["hf"]["sequences"] / b)
         for a, b in zip(seconds["omnibert"], seconds["hf"], strict=True)
@@ -519,10 +556,81 @@ def run_case(
     return out
 
 
+#: kernel or operator names -> where a step's time goes (the first match wins)
+PROFILE_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|varlen", re.I)),
+    ("optimizer", re.compile(r"lamb|adam|multi_tensor", re.I)),
+    (
+        "matmul",
+        re.compile(r"gemm|matmul|cutlass|xmma|nvjet|cublas|aten::(mm|addmm|bmm|linear)$", re.I),
+    ),
+    ("normalization", re.compile(r"norm", re.I)),
+    ("copy and fill", re.compile(r"copy|memcpy|memset|fill|aten::cat$", re.I)),
+    ("elementwise and reductions", re.compile(r"^triton_|elementwise|vectorized|reduce", re.I)),
+)
+
+
+def profile_pass(run: Callable[[], float], plugin: Any, top: int = 10) -> dict[str, Any]:
+    """One more pass of a side's steps under ``torch.profiler``: where its time goes.
+
+    On CUDA it counts the kernels' device time; elsewhere the operators' own host time.
+    ``busy`` is that time over the pass's wall time: well under 1 on a GPU means the device
+    waits for the host (kernel launches, eager Python)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = plugin.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
+    with profile(activities=activities):  # the profiler's own start-up, outside the pass
+        torch.ones(1, device=plugin.device).add_(1)
+    with profile(activities=activities) as prof:
+        wall = run()
+    times: dict[str, tuple[float, int]] = {}
+    for event in prof.key_averages():
+        if event.device_type != (DeviceType.CUDA if cuda else DeviceType.CPU):
+            continue
+        seconds = (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e6
+        if seconds > 0:
+            times[event.key] = (seconds, event.count)
+    total = sum(seconds for seconds, _ in times.values())
+    shares = dict.fromkeys([name for name, _ in PROFILE_CATEGORIES] + ["other"], 0.0)
+    for key, (seconds, _) in times.items():
+        found = (name for name, pattern in PROFILE_CATEGORIES if pattern.search(key))
+        shares[next(found, "other")] += seconds
+    ranked = sorted(times.items(), key=lambda item: -item[1][0])[:top]
+    return {
+        "what": "CUDA kernels, device time" if cuda else "operators, own host time",
+        "wall_seconds": round(wall, 6),
+        "counted_seconds": round(total, 6),
+        "busy": total / wall if wall > 0 else None,
+        "shares": {k: round(v / total, 4) for k, v in shares.items() if v > 0} if total else {},
+        "top": [
+            {"name": key[:160], "seconds": round(s, 6), "share": round(s / total, 4), "calls": n}
+            for key, (s, n) in ranked
+        ],
+    }
+
+
+def profile_lines(name: str, prof: Mapping[str, Any], top: int = 5) -> list[str]:
+    shares = ", ".join(
+        f"{k} {v:.0%}" for k, v in sorted(prof["shares"].items(), key=lambda kv: -kv[1])
+    )
+    busy = "n/a" if prof["busy"] is None else f"{prof['busy']:.0%}"
+    lines = [
+        f"  profile {name}: {prof['what']} {prof['counted_seconds'] * 1e3:.1f} ms of "
+        f"{prof['wall_seconds'] * 1e3:.1f} ms wall (busy {busy}); {shares}"
+    ]
+    lines += [
+        f"    {item['share']:6.1%} {item['calls']:5d}x {item['name'][:110]}"
+        for item in prof["top"][:top]
+    ]
+    return lines
+
+
 def step_work(args: argparse.Namespace, case: Case) -> float:
     """A step's work, up to a constant: layers x rows x seq x hidden x (12 hidden + 2 seq)."""
     layers, hidden, _, _ = MODELS[case.model]
-    rows = micro_batch(args, case.seq) * case.seq
+    rows = micro_batch(args, case) * case.seq
     return float(layers * rows * hidden * (12 * hidden + 2 * case.seq))
 
 
@@ -556,7 +664,9 @@ def estimate_seconds(
 def report(case: Mapping[str, Any]) -> str:
     compiled = case.get("compile", {}).get("scope", "n/a")
     lines = [
-        f"BERT-{case.get('model', '?')} seq {case['seq']} packing {case['packing']} micro batch "
+        f"BERT-{case.get('model', '?')} seq {case['seq']} packing {case['packing']}"
+        + (f" attention {case['attention']}" if case.get("attention") else "")
+        + " micro batch "
         f"{case['micro_batch']} {case['precision']} on {case['device']}, compile {compiled}, "
         f"{case.get('rounds', '?')} rounds"
     ]
@@ -571,6 +681,9 @@ def report(case: Mapping[str, Any]) -> str:
             f"{r.get('warmup_seconds', float('nan')):.1f} s)"
         )
     lines.append(f"  ratio omnibert/hf (median of rounds): {case['ratio_sequences_per_sec']:.3f}")
+    for name in ("omnibert", "hf"):
+        if case[name].get("profile"):
+            lines += profile_lines(name, case[name]["profile"])
     if "published" in case:
         pub = case["published"]
         lines.append(
@@ -626,6 +739,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=None, help="data.vocab_size (30522)")
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--json", default=None, help="where to write the results")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed rounds, one more pass of each side under "
+                             "torch.profiler: kernel time by kind, busy fraction, top kernels")  # fmt: skip
     benchplot.add_arguments(parser)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model, vocab 512, seq 32, 2 rounds of 2 steps (CPU unless --device)")  # fmt: skip
@@ -810,7 +926,9 @@ def record(args: argparse.Namespace, cases: list[dict[str, Any]], results: Any) 
     models = list(dict.fromkeys(c.get("model", args.model) for c in cases))
 
     def label(c: Mapping[str, Any]) -> str:
-        name = f"seq {c['seq']}, {c['packing']}"
+        name = f"seq {c['seq']}, {c['packing']}" + "".join(
+            f", {part}" for part in [c.get("options")] if part
+        )
         return name if len(models) == 1 else f"BERT-{c['model']} {name}"
 
     rows = [

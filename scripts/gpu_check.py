@@ -18,8 +18,10 @@ Steps, most important first: ``install``; ``probe`` (``scripts/gpu_probe.py``: v
 implementation, the bandwidth and matrix-product ceilings); ``gpu-tests`` (every test file
 with ``gpu``-marked tests, each in its own process so a broken CUDA context stays in its file,
 all at once); ``bench-lamb`` (``scripts/bench_lamb.py --device cuda``); ``bench-gpu``
-(``scripts/bench_gpu.py --lease``: BERT-base seq 128, then BERT-large seq 512 unpacked and
-packed with the repository's Wikipedia length histogram).
+(``scripts/bench_gpu.py --lease --profile``: BERT-base seq 128, then BERT-large seq 512
+unpacked and packed with the repository's Wikipedia length histogram, each side profiled
+once); ``bench-ablate`` (the seq-512 cases again with ``attention=varlen`` and with a micro
+batch of 64, profiled: what the gap to the published figures is made of).
 
 ``--rehearse`` runs the same plumbing on a CPU (the default suite does, so the check cannot
 rot between leases): the same install, the probe with its CUDA checks skipped, the GPU test
@@ -209,17 +211,24 @@ def _collected(log: str) -> int:
     return sum(1 for line in log.splitlines() if "::" in line and not line.startswith(" "))
 
 
+# ``pytest -v``: "tests/x.py::test PASSED"; with pytest-xdist: "[gw0] [ 44%] PASSED tests/x.py::test"
 _VERBOSE_RESULT = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
+_XDIST_RESULT = re.compile(
+    r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+::\S+)"
+)
 
 
 def verbose_findings(log: str) -> dict[str, Any]:
     """Counts and failing ids from ``pytest -v`` lines (a file killed before its report)."""
     counts = {"tests": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     failures = []
-    for match in map(_VERBOSE_RESULT.match, log.splitlines()):
-        if match is None:
+    for line in log.splitlines():
+        if match := _VERBOSE_RESULT.match(line):
+            test, result = match.groups()
+        elif match := _XDIST_RESULT.match(line):
+            result, test = match.groups()
+        else:
             continue
-        test, result = match.groups()
         key = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "errors"}
         counts["tests"] += 1
         counts[key.get(result, "skipped")] += 1
@@ -261,10 +270,32 @@ def _bench_gpu(check: Check) -> list[Command]:
     deadline = max(check.left() - RESERVE_S - 10, 30)
     argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / "bench_gpu.json"),
             "--results-dir", str(check.out / "records"), "--deadline", f"{deadline:.0f}"]  # fmt: skip
-    argv += ["--smoke", "--lease"] if check.rehearse else ["--lease"]
+    argv += ["--smoke", "--lease", "--profile"] if check.rehearse else ["--lease", "--profile"]
     if check.bench_gpu_cases:
         argv += ["--cases", check.bench_gpu_cases]
     return [Command("bench_gpu", argv)]
+
+
+#: ``bench-ablate``: the seq-512 step with flash attention on the real tokens (varlen) instead
+#: of SDPA's masked kernel, and with twice the micro batch, each against Hugging Face again
+ABLATE_CASES = ("large:512:none:attention=varlen,large:512:online:wiki:attention=varlen,"
+                "large:512:none:batch=64,large:512:online:wiki:batch=64")  # fmt: skip
+REHEARSE_ABLATE_CASES = "tiny:32:online:attention=varlen:batch=8"
+
+
+def _bench_ablate(check: Check) -> list[Command]:
+    """Its record stays in the work folder (what a lease returns is capped at eight files):
+    the summary carries its figures, from its JSON."""
+    deadline = max(check.left() - RESERVE_S - 10, 30)
+    argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / "bench_ablate.json"),
+            "--results-dir", str(check.work / "records-ablate"), "--deadline", f"{deadline:.0f}",
+            "--lease", "--profile"]  # fmt: skip
+    argv += (
+        ["--smoke", "--cases", REHEARSE_ABLATE_CASES]
+        if check.rehearse
+        else ["--cases", ABLATE_CASES]
+    )
+    return [Command("bench_ablate", argv)]
 
 
 def _bench_findings(name: str) -> Callable[[Check, list[int]], dict[str, Any]]:
@@ -291,6 +322,7 @@ STEPS = [
     Step("gpu-tests", 250, _tests, _test_findings),
     Step("bench-lamb", 50, _bench_lamb, _bench_findings("lamb")),
     Step("bench-gpu", 300, _bench_gpu, _bench_findings("gpu")),
+    Step("bench-ablate", 200, _bench_ablate, _bench_findings("ablate")),
 ]
 
 
@@ -346,9 +378,19 @@ def partial_lines(results: dict[str, Any]) -> list[str]:
     lines = []
     for case in results.get("cases", []):
         ours, hf = case["omnibert"], case["hf"]
-        lines.append(f"BERT-{case.get('model')} seq {case['seq']} {case['packing']}: omnibert "
+        options = f" ({case['options']})" if case.get("options") else ""
+        lines.append(f"BERT-{case.get('model')} seq {case['seq']} {case['packing']}{options}: omnibert "
                      f"{ours['sequences_per_sec']:.1f} seq/s, hf {hf['sequences_per_sec']:.1f}, "
                      f"ratio {case['ratio_sequences_per_sec']:.2f}, MFU {ours.get('mfu')}")  # fmt: skip
+        for name in ("omnibert", "hf"):
+            prof = case[name].get("profile")
+            if prof:
+                shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(prof["shares"].items(),
+                                                                    key=lambda kv: -kv[1]))  # fmt: skip
+                busy = "n/a" if prof.get("busy") is None else f"{prof['busy']:.0%}"
+                top = prof["top"][0]["name"][:60] if prof.get("top") else "-"
+                lines.append(f"  profile {name}: busy {busy} of {prof['wall_seconds'] * 1e3:.0f} ms; "
+                             f"{shares}; top {top}")  # fmt: skip
     for key in ("skipped", "failed"):
         lines += [f"{key}: {str(item)[:300]}" for item in results.get(key) or []]
     if "ms_per_step" in results:
@@ -376,8 +418,15 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"      collected {findings['collected']} gpu tests")
         results = findings.get("results") or {}
         if not findings.get("records") and results:  # killed or failed before its record
-            lines += [f"      (no record; its JSON as last written: {results.get('status')})"]
+            kept = (
+                "its record stays in the work folder"
+                if entry["step"] == "bench-ablate"
+                else "no record"
+            )
+            lines += [f"      ({kept}; its JSON as last written: {results.get('status')})"]
             lines += ["      " + line for line in partial_lines(results)]
+        elif any((case.get("omnibert") or {}).get("profile") for case in results.get("cases", [])):
+            lines += ["      " + line for line in partial_lines(results) if "profile" in line]
         for name, record in findings.get("records", {}).items():
             lines.append(f"      {name}: {record['headline']}")
             for table in record.get("tables") or []:

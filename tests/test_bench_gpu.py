@@ -33,8 +33,9 @@ def run_script(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
 
 def test_bench_gpu_smoke_runs_both_layouts_and_writes_its_json(tmp_path):
     out = tmp_path / "bench.json"
-    done = run_script(tmp_path, "--smoke", "--json", str(out))
+    done = run_script(tmp_path, "--smoke", "--profile", "--json", str(out))
     assert "ratio omnibert/hf (median of rounds)" in done.stdout
+    assert "profile omnibert: operators, own host time" in done.stdout
     results = json.loads(out.read_text())
     assert results["status"] == "done" and results["compile_scope"] == "model"
     assert results["skipped"] == [] and results["failed"] == [] and results["pending"] == []
@@ -51,6 +52,13 @@ def test_bench_gpu_smoke_runs_both_layouts_and_writes_its_json(tmp_path):
             assert speed["mfu"] is None and speed["peak_memory_bytes"] is None  # CPU
         assert case["ratio_sequences_per_sec"] > 0
         assert case["hf"]["sequences_per_step"] == case["micro_batch"]  # unpacked rows
+        for name in ("omnibert", "hf"):  # --profile: one more pass, the operators' host time
+            prof = case[name]["profile"]
+            assert prof["what"] == "operators, own host time"
+            assert 0 < prof["counted_seconds"] <= prof["wall_seconds"] * 1.05
+            assert abs(sum(prof["shares"].values()) - 1) < 0.01 and prof["shares"]["matmul"] > 0
+            seconds = [item["seconds"] for item in prof["top"]]
+            assert seconds == sorted(seconds, reverse=True) and len(seconds) == 10
     # uniform lengths 5..32: packed rows hold more than one sequence each
     assert cases["online"]["omnibert"]["sequences_per_step"] > cases["online"]["micro_batch"]
     assert cases["none"]["omnibert"]["sequences_per_step"] == cases["none"]["micro_batch"]
@@ -127,7 +135,8 @@ def test_bench_gpu_writes_each_case_before_the_next_and_skips_past_the_deadline(
         torch.set_num_threads(threads)  # the CPU plugin set this process's
     assert [s["status"] for s in seen] == ["running", "running"]
     assert [len(s["cases"]) for s in seen] == [0, 1]
-    online = {"model": "tiny", "seq": 32, "packing": "online", "histogram": None}
+    online = {"model": "tiny", "seq": 32, "packing": "online", "histogram": None,
+              "attention": None, "batch": None}  # fmt: skip
     assert seen[1]["pending"] == [online]  # written with the first case
     on_disk = json.loads(out.read_text())
     assert on_disk == json.loads(json.dumps(results, default=str))
@@ -199,6 +208,40 @@ def test_layer_scope_compiles_one_graph_that_every_layer_reuses():
             assert not any("embeddings" in p or "modules_layer_modules" in p for p in params)
     finally:
         torch._dynamo.reset()
+
+
+def test_a_case_sets_its_attention_and_micro_batch_and_a_bad_one_is_refused():
+    from bench_gpu import Case, micro_batch, parse, parse_cases
+
+    large, packed = parse_cases("large:512:none:attention=varlen,large:512:online:wiki:batch=64")
+    assert (large.attention, large.batch, large.histogram) == ("varlen", None, None)
+    assert (packed.attention, packed.batch) == (None, 64)
+    assert packed.histogram is not None and packed.histogram.endswith("_512.json")
+    assert large.label() == "BERT-large seq 512, packing none, attention varlen"
+    assert packed.options() == ", micro batch 64"
+    args = parse(["--batch", "16"])
+    assert (micro_batch(args, packed), micro_batch(args, large)) == (64, 16)
+    assert micro_batch(parse([]), Case("base", 128, "none")) == 128
+    for bad in ("large:512:none:batch=x", "large:512:none:heads=8", "large:512:none:a:b"):
+        with pytest.raises(SystemExit, match="after PACKING come a histogram"):
+            parse_cases(bad)
+
+
+def test_the_profile_sorts_kernel_names_into_kinds():
+    from bench_gpu import PROFILE_CATEGORIES
+
+    def kind(name: str) -> str:
+        return next((k for k, pattern in PROFILE_CATEGORIES if pattern.search(name)), "other")
+
+    assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert kind("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_TNN") == "matmul"
+    assert kind("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>") == "attention"
+    assert kind("fmha_cutlassB_bf16_aligned_64x64_k64_sm80") == "attention"
+    assert kind("_lamb_apply_kernel") == "optimizer"
+    assert kind("triton_red_fused_native_layer_norm_backward_3") == "normalization"
+    assert kind("triton_poi_fused_gelu_5") == "elementwise and reductions"
+    assert kind("Memcpy DtoD (Device -> Device)") == "copy and fill"
+    assert kind("aten::addmm") == "matmul" and kind("aten::add_") == "other"
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,12 @@ def test_the_rehearsal_runs_every_step_and_writes_the_summary(project_bundle, tm
         "seq 32, none",
         "seq 32, online",
     ]
+    # bench-ablate: a case's own attention and micro batch, each side profiled; its record
+    # stays in the work folder, its figures reach the summary
+    (ablate,) = by_step["bench-ablate"]["findings"]["results"]["cases"]
+    assert ablate["options"] == "attention varlen, micro batch 8" and ablate["micro_batch"] == 8
+    assert ablate["attention"] == "varlen" and ablate["omnibert"]["profile"]["shares"]
+    assert "profile" in by_step["bench-gpu"]["findings"]["results"]["cases"][0]["omnibert"]
     # what comes back from a lease: at most 8 files, two folders down
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 2 for p in files), files
@@ -221,6 +227,21 @@ def test_a_test_file_killed_before_its_report_is_read_from_its_verbose_lines() -
         "tests/test_gpu.py",
     ]
     assert "test_b: FAILED" in found["failures"][0]
+
+
+def test_a_test_file_under_xdist_killed_before_its_report_is_read_too() -> None:
+    """The H100 lease: tests/test_gpu.py at its cap, 17 of 18 passed, counted as none."""
+    log = "\n".join([
+        "tests/test_gpu.py::test_one_gpu_ddp ",
+        "[gw1] [ 22%] PASSED tests/test_gpu.py::test_one_gpu_ddp ",
+        "[gw3] [ 94%] PASSED tests/test_gpu.py::test_modern_tiny_trains_on_cuda[varlen-local] ",
+        "[gw0] [100%] FAILED tests/test_gpu.py::test_bench_gpu_smoke_on_cuda ",
+    ])  # fmt: skip
+    found = gpu_check.verbose_findings(log)
+    assert (found["tests"], found["passed"], found["failed"]) == (3, 2, 1)
+    assert found["failures"][0].startswith(
+        "tests/test_gpu.py::test_bench_gpu_smoke_on_cuda: FAILED"
+    )
 
 
 def test_a_benchmark_killed_before_its_record_is_summarised_from_its_own_json() -> None:
