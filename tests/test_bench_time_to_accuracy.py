@@ -200,3 +200,48 @@ def test_modern_hits_weigh_the_masked_positions_in_any_order():
         correct, total = bench.hf_modern_hits(model, batch)
     assert total == 10.0
     assert correct == float((right.float() * weights).sum())  # 7: zero-weight slots ignored
+
+
+def test_equal_time_sizes_each_run_to_the_minutes_and_evaluates_it_ten_times(demo_like, tmp_path):
+    """scripts/bench_equal_time.py end to end for one model at a tiny budget: a probe run, a
+    step budget from its rate, the run with its schedule over that budget, the record."""
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_equal_time.py"), "--models", "modern_tiny",
+         "--minutes", "0.25", "--probe-steps", "4", "--batch", "16", "--threads", "1",
+         "--data", str(demo_like), "--results-dir", str(results)],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((results / "equal_time.json").read_text())
+    (run,) = record["measurements"]["runs"]
+    steps = run["recipe"]["max_steps"]
+    assert steps % 10 == 0 and run["recipe"]["target"] == 0.999  # no target stops it
+    assert run["recipe"]["warmup"] == max(1, round(50 / 1000 * steps))  # modern_tiny's share
+    # evaluated along the way and at (within 1 % of) its last step
+    assert len(run["curve"]) >= 9 and run["curve"][-1][2] >= 0.99 * steps - 1
+    assert record["tables"][0]["rows"][0][0] == "modern-tiny"
+    assert float(record["tables"][0]["rows"][0][4]) == pytest.approx(run["accuracy"], abs=1e-4)
+    assert (results / "equal_time.svg").read_text().startswith("<?xml")
+
+
+def test_equal_time_budget_and_probe_arithmetic(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_equal_time import budget_steps, evaluation_seconds, probe_rate
+
+    # 15 min at 100 seq/s, 10 evaluations of 3 s and 20 s of start-up: 850 s of training
+    assert budget_steps(100.0, 3.0, 20.0, 15, 32) == 2650  # 2656 down to a multiple of 10
+    assert budget_steps(1.0, 3.0, 20.0, 0.1, 32) == 10  # never below one step per evaluation
+    # 320 sequences between evaluations 14 s apart, 4 s of them evaluating: 32 seq/s
+    assert probe_rate([(5.0, 320, 10, 0.05), (19.0, 640, 20, 0.06)], 4.0) == pytest.approx(32.0)
+    with pytest.raises(SystemExit, match="not apart"):
+        probe_rate([(5.0, 320, 10, 0.05), (8.0, 640, 20, 0.06)], 4.0)
+    log = tmp_path / "mlperf.log"
+    log.write_text(
+        ':::MLLOG {"key": "eval_start", "time_ms": 1000}\n'
+        ':::MLLOG {"key": "eval_stop", "time_ms": 3500}\n'
+        ':::MLLOG {"key": "run_stop", "time_ms": 4000}\n'
+        ':::MLLOG {"key": "eval_start", "time_ms": 9000}\n'
+        ':::MLLOG {"key": "eval_stop", "time_ms": 10500}\n'
+    )
+    assert evaluation_seconds(log) == pytest.approx([2.5, 1.5])
