@@ -37,8 +37,9 @@ from omnibert.accelerators.cpu_bf16 import bench_precision
 EVALUATIONS = 10
 #: a target no run reaches, so the step budget ends each run
 UNREACHABLE = 0.999
-#: evaluations fall every this share of 1/EVALUATIONS of the budget's sequences: packed steps
-#: hold 32 sequences on average, not exactly, so the last one still falls before the end
+#: evaluations fall every this share of 1/EVALUATIONS of the budget's sequences (at the
+#: probe's sequences a step: packed steps hold about, not exactly, the batch), so the last
+#: one still falls before the end
 CADENCE = 0.99
 
 
@@ -123,7 +124,7 @@ def run_model(args: argparse.Namespace, name: str, work: Path) -> dict[str, Any]
           f"{args.minutes:g} min", flush=True)  # fmt: skip
     recipe = dataclasses.replace(size, max_steps=steps, warmup=max(1, round(share * steps)),
                                  target=UNREACHABLE)  # fmt: skip
-    every = int(CADENCE * steps * args.batch / EVALUATIONS)
+    every = int(CADENCE * steps * probe["sequences_per_step"] / EVALUATIONS)
     run_args = argparse.Namespace(**{**vars(args), "eval_every": every})
     result = run_omnibert(run_args, recipe, init, work, name)
     curve = result["curve"]
