@@ -29,7 +29,14 @@ from typing import Any
 
 import benchplot
 import torch
-from bench_time_to_accuracy import MODERN_SIZES, SIZES, initial_weights, label, run_omnibert
+from bench_time_to_accuracy import (
+    MODERN_SIZES,
+    SIZES,
+    initial_weights,
+    label,
+    require_demo_data,
+    run_omnibert,
+)
 
 from omnibert.accelerators.cpu_bf16 import bench_precision
 
@@ -182,10 +189,7 @@ def save_record(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    data = Path(args.data)
-    for needed in ("train", "eval", "vocab.txt"):
-        if not (data / needed).exists():
-            raise SystemExit(f"{data / needed} is missing: run `make demo` first (or --data).")
+    require_demo_data(Path(args.data))
     args.precision, why = bench_precision(args.precision)
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_equal_time-") as tmp:

@@ -506,13 +506,19 @@ def save_record(args: argparse.Namespace, report: dict[str, Any], modern: bool =
     benchplot.save(record, fig, args.results_dir)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse(argv)
-    torch.set_num_threads(args.threads)
-    data = Path(args.data)
+def require_demo_data(data: Path) -> Path:
+    """``make demo``'s layout (``train/``, ``eval/``, ``vocab.txt``), or one sentence naming
+    what is missing and how to make it."""
     for needed in ("train", "eval", "vocab.txt"):
         if not (data / needed).exists():
             raise SystemExit(f"{data / needed} is missing: run `make demo` first (or --data).")
+    return data
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    data = require_demo_data(Path(args.data))
     args.precision, why = bench_precision(args.precision)
     unit = (
         f"{args.batch} sequences a step on both sides (omnibert: packed rows holding that many "
