@@ -166,9 +166,8 @@ class Case:
 
     def options(self) -> str:
         """What this case sets beyond the command's flags, for labels (empty when nothing)."""
-        parts = [f"attention {self.attention}"] * bool(self.attention)
-        parts += [f"micro batch {self.batch}"] * bool(self.batch)
-        return "".join(f", {part}" for part in parts)
+        text = f", attention {self.attention}" if self.attention else ""
+        return text + (f", micro batch {self.batch}" if self.batch else "")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,6 +231,12 @@ def micro_batch(args: argparse.Namespace, case: Case) -> int:
     return int(case.batch or args.batch or (128 if case.seq <= 128 else 32))
 
 
+def attention(args: argparse.Namespace, case: Case) -> str | None:
+    """``model.config.attention`` for a case: its ``attention=``, else ``--attention``, else
+    ``None`` (the config's own)."""
+    return case.attention or args.attention
+
+
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
     """``omnibert.run.pretraining.prepare`` of the training config for one case."""
     from omnibert.apps.compose import compose
@@ -273,8 +278,8 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
     histogram = case.histogram or args.length_histogram
     if histogram:
         overrides.append(f"data.length_histogram={histogram}")
-    if case.attention or args.attention:
-        overrides.append(f"model.config.attention={case.attention or args.attention}")
+    if attention(args, case):
+        overrides.append(f"model.config.attention={attention(args, case)}")
     if args.compile is not None:
         overrides.append(f"accelerator.compile={str(args.compile).lower()}")
     overrides += args.override or []
@@ -511,7 +516,7 @@ def run_case(
         "model": case.model,
         "seq": seq,
         "packing": packing,
-        "attention": case.attention or args.attention,
+        "attention": attention(args, case),
         "options": case.options().removeprefix(", "),
         "length_histogram": case.histogram or args.length_histogram,
         "precision": precision,
@@ -926,9 +931,8 @@ def record(args: argparse.Namespace, cases: list[dict[str, Any]], results: Any) 
     models = list(dict.fromkeys(c.get("model", args.model) for c in cases))
 
     def label(c: Mapping[str, Any]) -> str:
-        name = f"seq {c['seq']}, {c['packing']}" + "".join(
-            f", {part}" for part in [c.get("options")] if part
-        )
+        name = f"seq {c['seq']}, {c['packing']}"
+        name += f", {c['options']}" if c.get("options") else ""
         return name if len(models) == 1 else f"BERT-{c['model']} {name}"
 
     rows = [

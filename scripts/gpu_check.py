@@ -266,11 +266,18 @@ def _bench_lamb(check: Check) -> list[Command]:
     return [Command("bench_lamb", argv)]
 
 
-def _bench_gpu(check: Check) -> list[Command]:
+def _bench_gpu_argv(check: Check, name: str, results_dir: Path) -> list[str]:
+    """``bench_gpu.py --lease --profile`` (``--smoke`` in the rehearsal) writing its JSON to
+    ``bench_<name>.json`` in the work folder, within what the deadline leaves."""
     deadline = max(check.left() - RESERVE_S - 10, 30)
-    argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / "bench_gpu.json"),
-            "--results-dir", str(check.out / "records"), "--deadline", f"{deadline:.0f}"]  # fmt: skip
-    argv += ["--smoke", "--lease", "--profile"] if check.rehearse else ["--lease", "--profile"]
+    argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / f"bench_{name}.json"),
+            "--results-dir", str(results_dir), "--deadline", f"{deadline:.0f}", "--lease",
+            "--profile"]  # fmt: skip
+    return argv + (["--smoke"] if check.rehearse else [])
+
+
+def _bench_gpu(check: Check) -> list[Command]:
+    argv = _bench_gpu_argv(check, "gpu", check.out / "records")
     if check.bench_gpu_cases:
         argv += ["--cases", check.bench_gpu_cases]
     return [Command("bench_gpu", argv)]
@@ -286,15 +293,8 @@ REHEARSE_ABLATE_CASES = "tiny:32:online:attention=varlen:batch=8"
 def _bench_ablate(check: Check) -> list[Command]:
     """Its record stays in the work folder (what a lease returns is capped at eight files):
     the summary carries its figures, from its JSON."""
-    deadline = max(check.left() - RESERVE_S - 10, 30)
-    argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / "bench_ablate.json"),
-            "--results-dir", str(check.work / "records-ablate"), "--deadline", f"{deadline:.0f}",
-            "--lease", "--profile"]  # fmt: skip
-    argv += (
-        ["--smoke", "--cases", REHEARSE_ABLATE_CASES]
-        if check.rehearse
-        else ["--cases", ABLATE_CASES]
-    )
+    argv = _bench_gpu_argv(check, "ablate", check.work / "records-ablate")
+    argv += ["--cases", REHEARSE_ABLATE_CASES if check.rehearse else ABLATE_CASES]
     return [Command("bench_ablate", argv)]
 
 

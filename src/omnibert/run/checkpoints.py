@@ -93,12 +93,12 @@ def check_resume_target(ckpt: str, model_config: Mapping[str, Any]) -> None:
         raise TrainConfigError(unreadable_checkpoint("ckpt_path", ckpt, err)) from err
     theirs = (saved.get("hyper_parameters") or {}).get("model_config") or {}
     # a field the checkpoint lacks (written before the field existed) counts as its default
-    defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
+    saved_config = {**{f.name: f.default for f in dataclasses.fields(BertConfig)}, **theirs}
     diffs = [
-        f"{k}={theirs.get(k, defaults.get(k))!r} (now {v!r})"
+        f"{k}={saved_config.get(k)!r} (now {v!r})"
         for k, v in model_config.items()
-        # e.g. attention: any backend resumes
-        if theirs.get(k, defaults.get(k)) != v and k not in RUNTIME_FIELDS
+        if saved_config.get(k) != v
+        and k not in RUNTIME_FIELDS  # e.g. attention: any backend resumes
     ]
     if diffs:
         raise TrainConfigError(
