@@ -224,6 +224,7 @@ class PretrainingTask(TrainingTask):
         return loss
 
     def on_before_backward(self, loss: Tensor) -> None:
+        super().on_before_backward(loss)  # the gradient tensors first: the clipper sets them aside
         if self.clipper is not None:
             self.clipper.before_backward()
 
