@@ -244,6 +244,32 @@ def test_cuda_graphs_accumulate_gradients_except_under_fsdp_refused_before_any_c
         marker.setup(None, torch.nn.Linear(1, 1), "fit")
 
 
+def test_cuda_graphs_with_varlen_attention_are_refused_before_any_compute(
+    tmp_path, capsys, monkeypatch
+):
+    """varlen's token count is data-dependent: inductor would disable CUDA graphs for that
+    graph, so the pair is refused instead of silently running without graphs; sdpa runs."""
+    _H100(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 2**30, 80 * 2**30))
+    cfg = compose(
+        "pretrain",
+        [*SMOKE[:1], f"paths.output_root={tmp_path}", "accelerator=gpu",
+         "accelerator.cuda_graphs=true", "model.config.attention=varlen"],
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        run_or_exit(cfg, tmp_path / "out")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.config.attention=varlen runs on each batch's" in err[0], err
+    assert err[0].endswith("set model.config.attention=sdpa or accelerator.cuda_graphs=false.")
+    assert not (tmp_path / "out").exists()
+    graphs = GPUPlugin(**_gpu_config("accelerator.cuda_graphs=true"))
+    with pytest.raises(AcceleratorError, match=r"attention=varlen \(auto's choice here\)"):
+        graphs.check_attention("auto", ("varlen", "sdpa"))
+    graphs.check_attention("auto", ("sdpa", "sdpa"))
+    GPUPlugin(**_gpu_config()).check_attention("varlen", ("varlen", "varlen"))  # no graphs
+
+
 # ----------------------------------------------------------------------------- AdamW
 
 

@@ -180,6 +180,19 @@ class GPUPlugin(AcceleratorPlugin):
                 "accelerator.cuda_graphs=false."
             )
 
+    def check_attention(self, configured: str, backends: tuple[str, ...]) -> None:
+        """CUDA graphs replay fixed shapes; ``varlen`` runs on each batch's real tokens, a count
+        the graph reads on the device, so inductor would run that graph without CUDA graphs
+        (it disables them for data-dependent sizes): refused rather than silently not applied."""
+        if self.uses_cuda_graphs and "varlen" in backends:
+            chosen = "" if configured == "varlen" else f" ({configured}'s choice here)"
+            raise AcceleratorError(
+                f"accelerator.cuda_graphs=true replays graphs of fixed shapes, but "
+                f"model.config.attention=varlen{chosen} runs on each batch's real tokens, a "
+                "count known only on the device, so torch would run those graphs without CUDA "
+                "graphs; set model.config.attention=sdpa or accelerator.cuda_graphs=false."
+            )
+
     def callbacks(self) -> list[Any]:
         """With CUDA graphs, a callback that marks where each step begins and has the task keep
         its gradient tensors (:mod:`omnibert.accelerators.cuda_graphs`)."""
