@@ -25,7 +25,10 @@ So a run with CUDA graphs keeps only the second case: the callback sets the task
 trainable parameter a zero gradient of its own before any backward that finds none (the
 task's ``on_before_backward``, before anything else of the task touches ``.grad``) and zeroes
 gradients in place between optimiser steps (``optimizer.zero_grad(set_to_none=False)`` in
-the task's ``optimizer_zero_grad``) instead of dropping them. The sum is the same numbers as
+the task's ``optimizer_zero_grad``) instead of dropping them. MLPerf's per-micro-batch
+clipping (:class:`omnibert.optim.accumulation.MicroBatchClipper`) sets those tensors aside
+around each backward, lets it adopt the graph's output, clips that and adds it into them:
+the output is again only read, before the next replay. The sum is the same numbers as
 without graphs: ``0 + g1`` is ``g1`` exactly, and the micro-batches are added in the same
 order. The in-place branch is documented behaviour (torch's autograd notes, "default
 gradient layouts": with an existing non-sparse ``.grad`` and ``create_graph=False``,
@@ -40,7 +43,8 @@ torch 2.11 is checked by tests/test_gpu_step.py. What it relies on:
 * compiled autograd off (torch's default): with it, the accumulation would be traced into
   the backward graph instead;
 * the gradients belong to the parameters the task sees: DDP's reducer reads and writes
-  ``.grad`` after AccumulateGrad has added into it (the same buffers), while FSDP keeps the
+  ``.grad`` after AccumulateGrad has added into it (the same buffers; not run on several
+  GPUs here), while FSDP keeps the
   gradients of its flat, sharded parameters itself, so ``accelerator.strategy=fsdp`` with
   CUDA graphs and accumulation is refused (:meth:`GPUPlugin.check_accumulation`).
 
