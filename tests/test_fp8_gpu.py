@@ -68,8 +68,9 @@ def _train(root: Path, *overrides: str) -> tuple[dict[str, Any], list[float]]:
 def test_compiled_fp8_training_tracks_bf16_without_graph_breaks(
     tmp_path, recipe, attention, fresh_dynamo
 ) -> None:
-    """Token counts that are not multiples of 16 (the last layer's read rows, varlen's real
-    tokens) go through torchao's padding of the matmuls' inner dimension."""
+    """CPU twin: test_fp8.py::test_an_emulated_fp8_run_tracks_the_same_run_in_bf16 (emulated
+    fp8, eager). Token counts that are not multiples of 16 (the last layer's read rows,
+    varlen's real tokens) go through torchao's padding of the matmuls' inner dimension."""
     _needs_fp8()
     same = (f"model.config.attention={attention}",)
     _, bf16 = _train(tmp_path / "bf16", "trainer=bf16", *same)
@@ -93,6 +94,8 @@ def test_compiled_fp8_training_tracks_bf16_without_graph_breaks(
 
 
 def test_fp8_is_refused_on_a_gpu_below_compute_capability_8_9(tmp_path, monkeypatch, capsys):
+    """CPU twin: test_fp8.py::test_fp8_is_refused_below_compute_capability_8_9 (torch.cuda
+    answering as an A100); here through the app, this GPU's name in the sentence."""
     name = torch.cuda.get_device_name()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (8, 0))
     cfg = compose("pretrain", ["experiment=smoke", "accelerator=gpu", "trainer=fp8",
@@ -106,8 +109,8 @@ def test_fp8_is_refused_on_a_gpu_below_compute_capability_8_9(tmp_path, monkeypa
 
 
 def test_bench_fp8_pair_on_cuda(tmp_path) -> None:
-    """The convergence pair's script with real fp8 on this GPU, tiny and short (the lease's
-    run is ``scripts/bench_fp8.py --lease``)."""
+    """CPU twin: tests/test_bench_fp8.py (emulated fp8). The convergence pair's script with
+    real fp8 on this GPU, tiny and short (the lease's run is ``bench_fp8.py --lease``)."""
     _needs_fp8()
     out = tmp_path / "pair.json"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}

@@ -12,9 +12,9 @@ and optimiser state stay fp32, everything else runs in bf16 autocast.
 
 **What stays bf16**, and why: the word, position and token-type embeddings and every norm
 (not matmuls: nothing for fp8 to speed up, and their outputs set the scale of all that
-follows); the MLM decoder (its weight *is* the word embedding matrix, and its logits over
-the vocabulary feed the loss directly: a softmax over 30k classes is where fp8's 3-bit
-mantissa would cost accuracy); the NSP pooler and classifier and the fine-tuning heads (run
+follows); the MLM decoder (its logits over the vocabulary feed the loss directly, and its
+weight is the word embedding matrix where tied; it runs only at the masked positions, a small
+share of the step); the NSP pooler and classifier and the fine-tuning heads (run
 on a few rows or with 2-3 outputs: no speed to gain); and any Linear whose dimensions are
 not multiples of 16, which ``torch._scaled_mm`` requires. Token counts that are not
 multiples of 16 (packed and unpadded rows, fine-tuning's trimmed batches) are padded inside
@@ -71,7 +71,8 @@ COMPUTE_MODULES = (BertEncoder, BertPredictionHeadTransform)
 KEPT: dict[str, tuple[str, str]] = {
     "predictions.decoder": (
         "MLM decoder",
-        "tied to the word embeddings; its vocabulary logits feed the loss directly",
+        "its vocabulary logits feed the loss directly; its weight is the word embeddings' "
+        "where tied",
     ),
     "pooler.dense": ("pooler", "NSP / classification pooler: one [CLS] row per sequence"),
     "seq_relationship": ("NSP head", "2 outputs on the [CLS] rows"),
