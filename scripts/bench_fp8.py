@@ -13,11 +13,12 @@ The tolerance is stated before the run (:data:`TOLERANCE`, printed first): over 
 ``--tail`` steps (after the schedule's warm-up), fp8's mean loss within 1 % (relative) of
 bf16's. A pair is only evidence when bf16 learned in that time: ``inconclusive`` when bf16's
 mean loss over the tail is not at least :data:`MIN_DROP` below its first steps'. Generated
-rows carry little to learn (uniform random tokens: what a model can learn is to copy the
-masked positions that show their own token, about a tenth of the loss), so a short pair may
-well be inconclusive; the verdict says so rather than calling a flat pair a pass. Real tokens/s of each
-side are timed after their first chunk (compilation). ``--json`` is rewritten atomically after
-every chunk pair; the record and the figure (both loss curves) go through ``benchplot``.
+rows carry little to learn (uniform random tokens: a model can only learn to copy the masked
+positions that show their own token, a small part of the loss), so a short pair may well be
+inconclusive; the verdict says so rather than calling a flat pair a pass. Real tokens/s of
+each side are timed after its first chunk (compilation). ``--json`` is rewritten atomically
+after every chunk pair; the record and the figure (both loss curves) go through
+``benchplot``.
 
     python scripts/bench_fp8.py --lease                 # BERT-large seq 512 packed, 200 steps
     python scripts/bench_fp8.py --lease --model base    # BERT-base seq 128, 300 steps
@@ -64,11 +65,14 @@ TOLERANCE = 0.01
 MIN_DROP = 2 * TOLERANCE
 #: steps whose mean is the "first steps" loss
 HEAD = 10
-#: --lease presets: model, seq, packing, micro batch (rows), steps, the phase of the LR
+#: --lease presets: model, seq, packing, micro batch (rows), steps, the phase of the LR; each
+#: encoder layer compiled (one layer graph reused by all: a short cold start, as bench_gpu's)
 LEASE = {
-    "large": {"seq": 512, "packing": "online", "batch": 32, "steps": 200, "phase": "phase2"},
-    "base": {"seq": 128, "packing": "none", "batch": 128, "steps": 300, "phase": "phase1"},
-}
+    "large": {"seq": 512, "packing": "online", "batch": 32, "steps": 200, "phase": "phase2",
+              "compile_scope": "layers"},
+    "base": {"seq": 128, "packing": "none", "batch": 128, "steps": 300, "phase": "phase1",
+             "compile_scope": "layers"},
+}  # fmt: skip
 #: --smoke: the tiny model at seq 32, eager on the CPU, emulated fp8, seconds
 SMOKE = {"seq": 32, "packing": "online", "batch": 4, "steps": 16, "tail": 6, "chunk": 4,
          "vocab": 512, "phase": "phase1", "predictions": 5, "compile_scope": "off"}  # fmt: skip
@@ -142,7 +146,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recipe", choices=["tensorwise", "rowwise"], default="tensorwise")
     parser.add_argument("--emulate", action="store_true", help="trainer.fp8.emulate=true")
     parser.add_argument("--compile-scope", choices=["model", "layers", "off"], default=None,
-                        help="torch.compile the whole model (default) or each layer, or not")  # fmt: skip
+                        help="torch.compile each encoder layer (lease), the model, or nothing")  # fmt: skip
     parser.add_argument("--attention", default=None, help="model.config.attention")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--vocab", type=int, default=None, help="data.vocab_size (30522)")
@@ -163,6 +167,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.model = model
     if args.device == "auto":
         args.device = "cpu" if args.smoke else ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.lease and not args.smoke and args.device == "cpu":
+        raise SystemExit("bench_fp8: --lease is the GPU's run (BERT-large in real fp8) and no "
+                         "CUDA GPU is here; use --smoke on a CPU.")  # fmt: skip
     args.emulate = args.emulate or args.device == "cpu"  # real fp8 needs the GPU
     return args
 

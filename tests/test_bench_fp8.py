@@ -79,3 +79,11 @@ def test_the_verdict() -> None:
     assert bench_fp8.compare(falling, [float("nan")] * 100, 20, 50)["verdict"] == "fail"
     short = bench_fp8.compare(falling[:30], close[:30], warmup=20, tail=50)
     assert short["tail_steps"] == 10 and short["verdict"] == "pass"
+
+
+def test_the_lease_preset_refuses_a_cpu() -> None:
+    with pytest.raises(SystemExit, match="--lease is the GPU's run.*--smoke"):
+        bench_fp8.parse(["--lease", "--device", "cpu"])
+    lease = bench_fp8.parse(["--lease", "--device", "cuda"])
+    assert (lease.model, lease.seq, lease.packing, lease.steps) == ("large", 512, "online", 200)
+    assert lease.phase == "phase2" and lease.emulate is False and lease.tail == 50
