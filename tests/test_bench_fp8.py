@@ -82,7 +82,7 @@ def test_the_verdict() -> None:
 
 
 def test_the_lease_preset_refuses_a_cpu() -> None:
-    with pytest.raises(SystemExit, match="--lease is the GPU's run.*--smoke"):
+    with pytest.raises(SystemExit, match=r"--lease is the GPU's run.*--smoke"):
         bench_fp8.parse(["--lease", "--device", "cpu"])
     lease = bench_fp8.parse(["--lease", "--device", "cuda"])
     assert (lease.model, lease.seq, lease.packing, lease.steps) == ("large", 512, "online", 200)
