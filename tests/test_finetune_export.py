@@ -487,3 +487,25 @@ def test_the_qa_snippet_in_the_docs_runs_as_written(runs, tmp_path, monkeypatch,
                            {"question": question, "context": context})
     )  # fmt: skip
     assert printed["answer"] == expected["answer"] and printed["start"] == expected["start"]
+
+
+def test_pretraining_only_keys_are_refused_for_a_fine_tuned_run(runs, tmp_path, capsys):
+    """heads= (a pretraining export's choice) and a do_lower_case= other than the run's are
+    refused in one sentence before anything is written; the run's own value is accepted, and
+    a QA export's line says how to get answers on transformers 5."""
+    run_dir, _, _ = runs["squad"]
+    out = tmp_path / "squad"
+    with pytest.raises(ConversionError, match=r"^heads=pretraining applies to pretraining"):
+        export_app.run(compose("export", [f"ckpt={run_dir}", f"out={out}", "heads=pretraining"]))
+    with pytest.raises(ConversionError) as refused:
+        export_app.run(compose("export", [f"ckpt={run_dir}", f"out={out}", "do_lower_case=false"]))
+    assert str(refused.value) == (
+        f"do_lower_case=false but the run {run_dir} was fine-tuned lower-cased (its vocab.txt "
+        "decides); drop do_lower_case= so the tokenizer reads text as the model was trained."
+    )
+    assert not out.exists()
+    capsys.readouterr()
+    export_app.run(compose("export", [f"ckpt={run_dir}", f"out={out}", "do_lower_case=true"]))
+    assert "answers: omnibert.finetune.qa_client.answer_question(model, tokenizer" in (
+        capsys.readouterr().out
+    )
