@@ -71,7 +71,7 @@ from omegaconf import OmegaConf
 from omnibert.accelerators.cpu_bf16 import bench_precision
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run as train
-from omnibert.convert.hf import export_hf
+from omnibert.convert.hf_export import export_hf
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.sources import ArrowSource
 from omnibert.models import BertConfig, BertForPreTraining

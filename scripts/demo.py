@@ -5,7 +5,8 @@
    with 2 worker processes, then the held-out evaluation set (first 1,000 instances of eval.txt);
 3. ``omnibert-train experiment=demo`` pretrains bert-tiny with LAMB (MLM + NSP) and evaluates
    masked-LM accuracy on the whole held-out set;
-4. ``omnibert-export`` writes a Hugging Face ``BertForPreTraining`` directory;
+4. ``omnibert-export heads=pretraining`` writes a Hugging Face ``BertForPreTraining``
+   repository (weights, tokenizer, a model card with the run's metrics and recipe);
 5. prints a summary: steps, time, held-out masked-LM accuracy next to always predicting the
    most frequent masked token, throughput, and where everything went.
 
@@ -73,7 +74,9 @@ def main() -> None:
     prepared = time.perf_counter()
 
     last = RUNS / "demo" / "checkpoints" / "last.ckpt"
-    train_log = OUT / "logs" / time.strftime("train-%Y-%m-%d_%H-%M-%S")
+    # where omnibert-train puts an invocation's logs and summary.json by default, so that
+    # omnibert-export finds the run's metrics for the model card
+    train_log = RUNS / "demo" / "hydra" / time.strftime("%Y-%m-%d_%H-%M-%S")
     run(
         [
             str(bindir / "omnibert-train"),
@@ -90,6 +93,7 @@ def main() -> None:
             str(bindir / "omnibert-export"),
             f"ckpt={last}",
             f"out={hf_dir}",
+            "heads=pretraining",  # with the NSP head: omnibert-eval scores it like the .ckpt
             "overwrite=true",
             "hydra.run.dir=outputs/demo/logs/export-${now:%Y-%m-%d_%H-%M-%S}",
         ]
@@ -129,7 +133,7 @@ def main() -> None:
         f"{summary['nsp_majority_baseline']:.3f}: always the eval set's most frequent label)"
     )
     print(f"  checkpoints   {summary['checkpoint_dir']}")
-    print(f"  export        {hf_dir} (transformers.BertForPreTraining.from_pretrained)")
+    print(f"  export        {hf_dir} (transformers.AutoModelForPreTraining.from_pretrained)")
     print(
         f"  total         {time.perf_counter() - start:.0f} s "
         f"(prepare {prepared - start:.0f} s, train+eval {trained - prepared:.0f} s)"

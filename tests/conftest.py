@@ -54,6 +54,41 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -> 
     return out
 
 
+#: a BERT small enough that its 4 steps take a second or two (tests/conftest.py's tiny run)
+TINY_RUN = ("model=bert_tiny", "model.config.hidden_size=32", "model.config.num_hidden_layers=1",
+            "model.config.num_attention_heads=2", "model.config.intermediate_size=64",
+            "model.config.max_position_embeddings=64", "phase.max_seq_length=32",
+            "phase.max_predictions_per_seq=5", "phase.global_batch_size=8", "micro_batch_size=8",
+            "phase.max_steps=4", "val_every_n_steps=4", "logger=none", "callbacks=minimal",
+            "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_pretraining_run(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -> dict:
+    """Seq-32 shards prepared from the reference texts with the uncased vocab and a 4-step
+    omnibert-train run on them (validated at the end), its summary.json where the app writes
+    it (``<run>/hydra/<time>/``): ``root`` (``train``/``eval`` shards), ``summary``,
+    ``ckpt`` (its last.ckpt), ``run_dir``. Shared by the eval and export tests (read-only)."""
+    from omnibert.apps.compose import compose
+    from omnibert.apps.train import run_or_exit as train
+    from omnibert.prepare.instances import InstanceSettings
+    from omnibert.prepare.pipeline import prepare as prepare_shards
+
+    root = tmp_path_factory.mktemp("pretraining")
+    settings = InstanceSettings(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    for split, text in (("train", "wiki_like.txt"), ("eval", "tiny_docs.txt")):
+        prepare_shards([str(FIXTURES / "reference" / text)], bert_vocab_file, root / split,
+                       settings, progress=False)  # fmt: skip
+    data = (f"data.train_path={root / 'train'}", f"data.eval_path={root / 'eval'}",
+            f"data.vocab_file={bert_vocab_file}", "data.num_workers=0")  # fmt: skip
+    run_dir = root / "runs" / "tiny"
+    cfg = compose("pretrain", [*TINY_RUN, *data, f"paths.output_root={root / 'runs'}",
+                               "run_name=tiny"])  # fmt: skip
+    summary = train(cfg, run_dir / "hydra" / "2026-01-01_00-00-00")
+    return {"root": root, "summary": summary, "ckpt": summary["last_checkpoint"],
+            "run_dir": run_dir}  # fmt: skip
+
+
 class ComposeConfig:
     """An app's config composed as the app composes it (:func:`omnibert.apps.compose.compose`),
     the one way every test builds one: ``compose_config(*overrides)`` for ``pretrain.yaml``,

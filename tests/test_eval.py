@@ -15,34 +15,20 @@ import transformers
 from omnibert.apps import eval as eval_app
 from omnibert.apps import export as export_app
 from omnibert.apps.compose import compose
-from omnibert.apps.train import run_or_exit as train
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
-TINY = ("model=bert_tiny", "model.config.hidden_size=32", "model.config.num_hidden_layers=1",
-        "model.config.num_attention_heads=2", "model.config.intermediate_size=64",
-        "phase.max_seq_length=32", "phase.max_predictions_per_seq=5",
-        "phase.global_batch_size=8", "micro_batch_size=8", "phase.max_steps=4",
-        "val_every_n_steps=4", "logger=none", "callbacks=minimal",
-        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, bert_vocab_file: Path) -> dict:
-    """Seq-32 shards, a 4-step training run on them (validated at the end) and its export."""
-    root = tmp_path_factory.mktemp("eval")
-    settings = InstanceSettings(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
-    for split, text in (("train", "wiki_like.txt"), ("eval", "tiny_docs.txt")):
-        prepare_shards([str(REFERENCE / text)], bert_vocab_file, root / split, settings,
-                       progress=False)  # fmt: skip
-    data = (f"data.train_path={root / 'train'}", f"data.eval_path={root / 'eval'}",
-            f"data.vocab_file={bert_vocab_file}", "data.num_workers=0")  # fmt: skip
-    summary = train(compose("pretrain", [*TINY, *data, f"paths.output_root={root}",
-                                         "run_name=tiny"]), root / "out")  # fmt: skip
-    ckpt = summary["last_checkpoint"]
-    export_app.run(compose("export", [f"ckpt={ckpt}", f"out={root / 'hf'}"]))
-    return {"root": root, "summary": summary, "ckpt": ckpt, "hf": root / "hf"}
+def trained(tiny_pretraining_run: dict) -> dict:
+    """Seq-32 shards, a 4-step training run on them (validated at the end: conftest's tiny
+    run) and its export."""
+    root = tiny_pretraining_run["root"]
+    ckpt = tiny_pretraining_run["ckpt"]
+    export_app.run(compose("export", [f"ckpt={ckpt}", f"out={root / 'hf'}", "heads=pretraining"]))
+    return {**tiny_pretraining_run, "hf": root / "hf"}
 
 
 def _eval(trained: dict, *overrides: str, out: Path | None = None) -> dict:
@@ -151,7 +137,7 @@ def test_a_tf1_checkpoint_scores_what_its_hugging_face_export_scores(tmp_path):
     direct = eval_app.run_or_exit(compose("eval", [*base, f"ckpt={prefix}"]), None)
     assert direct["checkpoint_kind"] == "tf1" and direct["samples"] > 0
     export_app.run(compose("export", [f"ckpt={prefix}", f"out={tmp_path / 'hf'}",
-                                      f"vocab_file={vocab}"]))  # fmt: skip
+                                      f"vocab_file={vocab}", "heads=pretraining"]))  # fmt: skip
     exported = eval_app.run_or_exit(compose("eval", [*base, f"ckpt={tmp_path / 'hf'}"]), None)
     for key in ("mlm_accuracy", "nsp_accuracy", "samples", "masked_tokens"):
         assert exported[key] == direct[key], key

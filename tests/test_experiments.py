@@ -54,9 +54,9 @@ RECIPES: dict[str, dict[str, Any]] = {
 #: the small ones for a laptop and the tests, checked by training elsewhere (test_train_config)
 SMALL = {"demo", "demo_two_phase", "mlperf_smoke", "quickstart", "smoke", "smoke_two_phase",
          "two_phase"}  # fmt: skip
-#: the modern recipe's CPU run, trained end to end in test_mlm_only.py (its own step count
-#: and schedule, not the common smoke overrides of test_train_config)
-MODERN_SMALL = {"modern_smoke"}
+#: the modern recipe's CPU runs, trained end to end in test_mlm_only.py (their own step
+#: counts, schedules and MLM-only data, not the common smoke overrides of test_train_config)
+MODERN_SMALL = {"modern_smoke", "modern_quickstart"}
 #: the fine-tuning recipes (omnibert-finetune): task, epochs, LR, global batch
 FINETUNE = {"squad_bert_base": ("squad", 3, 5e-5, 32), "mrpc_bert_base": ("mrpc", 3, 2e-5, 32)}
 

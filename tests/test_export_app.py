@@ -86,4 +86,5 @@ def test_exported_files_all_follow_the_umask(tmp_path: Path, umask: int) -> None
     finally:
         os.umask(previous)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
-    assert modes == dict.fromkeys(["model.safetensors", "config.json", "vocab.txt"], 0o666 & ~umask)
+    written = ["model.safetensors", "config.json", "vocab.txt", "README.md"]  # + the model card
+    assert modes == dict.fromkeys(written, 0o666 & ~umask)

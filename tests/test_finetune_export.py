@@ -126,8 +126,8 @@ def test_hugging_face_loads_the_export_and_gives_omnibert_logits(runs, task):
 
     run_dir, dev, exported = runs[task]
     names = sorted(p.name for p in exported.iterdir())
-    assert names == ["config.json", "model.safetensors", "special_tokens_map.json",
-                     "tokenizer_config.json", "vocab.txt"]  # fmt: skip
+    assert names == ["README.md", "config.json", "model.safetensors", "special_tokens_map.json",
+                     "tokenizer.json", "tokenizer_config.json", "vocab.txt"]  # fmt: skip
     config = json.loads((exported / "config.json").read_text())
     auto = getattr(transformers, AUTO[task])
     model, info = auto.from_pretrained(exported, output_loading_info=True)
@@ -414,3 +414,98 @@ def test_what_omnibert_did_not_write_is_refused_in_one_sentence(runs, tmp_path):
                          timeout=300, cwd=tmp_path, env=env)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
     assert "is not an omnibert checkpoint" in bad.stderr and not out.exists()
+
+
+def _squad_inputs(run_dir: Path, dev: Path) -> tuple[list, list[dict]]:
+    """The dev file's questions and what omnibert-predict answers them (the run's records)."""
+    from omnibert.run.finetune_inputs import task_data
+    from omnibert.run.inference import load_finetuned
+
+    dataset = task_data(load_finetuned(run_dir).recipe).read_file(dev, "input_file")
+    return list(zip(dataset["question"], dataset["context"], strict=True)), list(dataset["id"])
+
+
+def test_the_qa_client_gives_omnibert_predict_answers_on_the_export(runs, tmp_path):
+    """omnibert.finetune.qa_client on the exported model and tokenizer (as transformers loads
+    them) answers every question as omnibert-predict does on the run: the same text and start,
+    the score and probability within 1e-4 (fp32 logits agree within 1e-5), with the run's
+    windows read from the export's config.json."""
+    import transformers
+
+    from omnibert.finetune.qa_client import answer_questions
+
+    run_dir, dev, exported = runs["squad"]
+    questions, ids = _squad_inputs(run_dir, dev)
+    # and two contexts of several windows each (64-token windows, the run's)
+    questions += [(q, " ".join([c] * 6)) for q, c in questions[:2]]
+    ids += ["long-0", "long-1"]
+    lines = tmp_path / "q.jsonl"
+    lines.write_text("".join(json.dumps({"id": i, "question": q, "context": c}) + "\n"
+                             for i, (q, c) in zip(ids, questions, strict=True)))  # fmt: skip
+    records = {r["id"]: r for r in _predict(run_dir, lines, tmp_path / "a.jsonl")}
+    assert json.loads((exported / "config.json").read_text())["question_answering"] == {
+        "max_seq_length": 64, "doc_stride": 128, "max_query_length": 64, "n_best_size": 20,
+        "max_answer_length": 30, "version_2_with_negative": False,
+        "null_score_diff_threshold": 0.0,
+    }  # fmt: skip
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(exported).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    tokenizer("a question", "a context", truncation=True, max_length=8)  # leaves truncation set
+    answers = answer_questions(model, tokenizer, questions, batch_size=3)
+    assert len(answers) == len(ids) == 14
+    for qid, answer in zip(ids, answers, strict=True):
+        expected = records[qid]
+        assert (answer["answer"], answer["start"]) == (expected["answer"], expected["start"])
+        assert answer["score"] == pytest.approx(expected["score"], abs=1e-4)
+        assert answer["probability"] == pytest.approx(expected["probability"], abs=1e-4)
+    squad = next(p for p in exported.iterdir() if p.name == "README.md").read_text()
+    assert "pipeline_tag: question-answering" in squad and "answer_question(model" in squad
+
+
+def test_the_qa_snippet_in_the_docs_runs_as_written(runs, tmp_path, monkeypatch, capsys):
+    """docs/finetuning.md's question-answering snippet, executed verbatim against an
+    ``exports/squad`` directory, prints what omnibert-predict answers on the run."""
+    import ast
+    import re
+
+    docs = Path(__file__).parents[1] / "docs" / "finetuning.md"
+    marker = "<!-- the QA client; tests/test_finetune_export.py runs this block as written -->"
+    text = docs.read_text()
+    assert marker in text
+    snippet = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S).group(1)
+    run_dir, _, exported = runs["squad"]
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "exports" / "squad").symlink_to(exported)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    exec(compile(snippet, str(docs), "exec"), {})  # the documented code itself
+    printed = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
+    question = re.search(r'question = "(.*?)"', snippet).group(1)
+    context = re.search(r'context = "(.*?)"', snippet).group(1)
+    expected = predict.run(
+        predict.with_texts(compose("predict", [f"ckpt={run_dir}"]),
+                           {"question": question, "context": context})
+    )  # fmt: skip
+    assert printed["answer"] == expected["answer"] and printed["start"] == expected["start"]
+
+
+def test_pretraining_only_keys_are_refused_for_a_fine_tuned_run(runs, tmp_path, capsys):
+    """heads= (a pretraining export's choice) and a do_lower_case= other than the run's are
+    refused in one sentence before anything is written; the run's own value is accepted, and
+    a QA export's line says how to get answers on transformers 5."""
+    run_dir, _, _ = runs["squad"]
+    out = tmp_path / "squad"
+    with pytest.raises(ConversionError, match=r"^heads=pretraining applies to pretraining"):
+        export_app.run(compose("export", [f"ckpt={run_dir}", f"out={out}", "heads=pretraining"]))
+    with pytest.raises(ConversionError) as refused:
+        export_app.run(compose("export", [f"ckpt={run_dir}", f"out={out}", "do_lower_case=false"]))
+    assert str(refused.value) == (
+        f"do_lower_case=false but the run {run_dir} was fine-tuned lower-cased (its vocab.txt "
+        "decides); drop do_lower_case= so the tokenizer reads text as the model was trained."
+    )
+    assert not out.exists()
+    capsys.readouterr()
+    export_app.run(compose("export", [f"ckpt={run_dir}", f"out={out}", "do_lower_case=true"]))
+    assert "answers: omnibert.finetune.qa_client.answer_question(model, tokenizer" in (
+        capsys.readouterr().out
+    )

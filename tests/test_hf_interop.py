@@ -258,7 +258,7 @@ def test_export_app_writes_a_transformers_checkpoint(tmp_path: Path) -> None:
     assert config == model.config and hparams["vocab_file"] == str(vocab)
     assert torch.equal(state["cls.seq_relationship.weight"], model.cls.seq_relationship.weight)
     out = tmp_path / "hf"
-    cfg = compose("export", [f"ckpt={ckpt}", f"out={out}"])
+    cfg = compose("export", [f"ckpt={ckpt}", f"out={out}", "heads=pretraining"])
     export_app.run(cfg)
     hf, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,3 +194,34 @@ def test_the_modern_smoke_experiment_trains_mlm_only_on_the_wsd_schedule(tmp_pat
     peak = 1e-3
     want = [0.0, peak / 2, *[peak] * 7] + [peak * (1 - math.sqrt(p)) for p in (0.25, 0.5, 0.75)]
     assert [lrs[t] for t in range(12)] == pytest.approx(want, rel=1e-6, abs=1e-12)
+
+
+def test_modern_quickstart_fits_data_prepared_as_its_comment_says(tmp_path, bert_vocab_file):
+    """experiment=modern_quickstart on shards prepared as docs/modern.md says (no sentence
+    pairs, 30 % masking, 40 masks at seq 128; the eval set at 15 % with 40): every check
+    before compute passes with no other key (row shape, MLM only, AdamW's LR, the schedule).
+    docs/modern.md quotes a full run of it."""
+    from omnibert.prepare.instances import InstanceSettings
+    from omnibert.prepare.pipeline import prepare as prepare_shards
+    from omnibert.run.pretraining import prepare
+
+    reference = Path(__file__).parent / "fixtures" / "reference"
+    for split, rate, text in (("train", 0.3, "wiki_like.txt"), ("eval", 0.15, "tiny_docs.txt")):
+        settings = InstanceSettings(
+            max_seq_length=128,
+            max_predictions_per_seq=40,
+            masked_lm_prob=rate,
+            next_sentence=False,
+            dupe_factor=1,
+        )
+        prepare_shards([str(reference / text)], bert_vocab_file, tmp_path / split, settings,
+                       progress=False)  # fmt: skip
+    cfg = compose("pretrain", [
+        "experiment=modern_quickstart", f"data.train_path={tmp_path / 'train'}",
+        f"data.eval_path={tmp_path / 'eval'}", f"data.vocab_file={bert_vocab_file}",
+        f"paths.output_root={tmp_path / 'runs'}", "data.num_workers=0",
+    ])  # fmt: skip
+    plan = prepare(cfg).plan
+    assert (plan.max_steps, plan.batch.global_batch_size, plan.objective) == (600, 32, "MLM only")
+    assert plan.data["max_predictions_per_seq"] == 40 and not plan.model.next_sentence_head
+    assert cfg.optimizer.lr == 1e-3 and cfg.schedule._target_.endswith("WarmupStableDecayLR")

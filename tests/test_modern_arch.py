@@ -460,7 +460,7 @@ def test_train_app_runs_modern_tiny_end_to_end(tmp_path):
 
 
 def test_exporter_refuses_a_model_without_hf_class_before_writing(tmp_path):
-    from omnibert.convert.hf import export_hf
+    from omnibert.convert.hf_export import export_hf
 
     # MosaicBERT (alibi, post-norm) is neither BERT nor ModernBERT; MODERN exports as
     # ModernBERT (tests/test_modernbert_interop.py)

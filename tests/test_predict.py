@@ -444,3 +444,38 @@ def test_the_console_script_takes_text_and_standard_input(runs, tmp_path):
     (single,) = _records(one.stdout)
     assert len(records) == 2 and records[0]["label"] == single["label"]
     assert records[0]["probability"] == pytest.approx(single["probability"], abs=1e-5)
+
+
+def test_an_empty_text_in_json_lines_or_standard_input_is_refused_as_text_is(
+    runs, tmp_path, monkeypatch
+):
+    """``text=""`` is refused; so is an empty text in a JSON Lines record (a GLUE sentence, a
+    SQuAD question or context) or an empty field of a TAB-separated line on standard input,
+    naming the file and line, before the model runs and before out= is written."""
+    import io
+
+    sst2_dir, mrpc_dir, squad_dir = runs["sst2"][0], runs["mrpc"][0], runs["squad"][0]
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(UserError, match=r"^text= is empty; put the text after the ="):
+        _predict(f"ckpt={sst2_dir}", "text=")
+    glue = tmp_path / "glue.jsonl"
+    glue.write_text('{"sentence": "fine"}\n\n{"sentence": "  "}\n')
+    squad = tmp_path / "squad.jsonl"
+    squad.write_text('{"question": "", "context": "Some context."}\n')
+    cases = {
+        f'input_file={glue} line 3 has an empty "sentence"': (sst2_dir, glue),
+        f'input_file={squad} line 1 has an empty "question"': (squad_dir, squad),
+    }
+    for message, (ckpt, file) in cases.items():
+        with pytest.raises(UserError) as refused:
+            _predict(f"ckpt={ckpt}", f"input_file={file}", f"out={out}")
+        assert str(refused.value) == f"{message}; put the text in it (or drop the line)."
+    piped = io.TextIOWrapper(io.BytesIO(b"He left.\tHe went away.\nShe came.\t \n"))
+    monkeypatch.setattr(sys, "stdin", piped)
+    with pytest.raises(UserError) as refused:
+        _predict(f"ckpt={mrpc_dir}", "input_file=-")
+    assert str(refused.value) == (
+        'input_file=- (standard input) line 2 has an empty "text_pair"; put the text in it (or '
+        "drop the line)."
+    )
+    assert not out.exists()

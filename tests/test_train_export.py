@@ -24,7 +24,9 @@ def test_trained_checkpoint_exports_to_transformers_with_identical_logits(tmp_pa
         summary = run_or_exit(train_cfg, tmp_path / "run")
         ckpt = Path(summary["last_checkpoint"])
         out = tmp_path / "hf"
-        export_cfg = compose("export", [f"ckpt={ckpt}", f"out={out}", f"vocab_file={vocab}"])
+        export_cfg = compose(
+            "export", [f"ckpt={ckpt}", f"out={out}", f"vocab_file={vocab}", "heads=pretraining"]
+        )
         export_app.run(export_cfg)
     finally:
         torch.set_num_threads(threads)

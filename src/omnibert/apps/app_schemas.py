@@ -114,7 +114,7 @@ class EvalConfig:
     bert_config: Optional[str] = None  # noqa: UP045
     out: Optional[str] = None  # noqa: UP045
     eval_micro_batch_size: int = 32
-    precision: str = "32-true"
+    precision: Optional[str] = None  # noqa: UP045
     seed: int = 12345
     phase: EvalPhaseNode = field(default_factory=EvalPhaseNode)
     accelerator: Any = MISSING
@@ -130,6 +130,8 @@ class ExportConfig:
     vocab_file: Optional[str] = None  # noqa: UP045
     bert_config: Optional[str] = None  # noqa: UP045
     overwrite: bool = False
+    heads: Optional[str] = None  # noqa: UP045
+    do_lower_case: Optional[bool] = None  # noqa: UP045
 
 
 @dataclass
@@ -146,6 +148,7 @@ class PredictConfig:
     out: Optional[str] = None  # noqa: UP045
     batch_size: Optional[int] = None  # noqa: UP045
     precision: str = "32-true"
+    top_k: int = 5
     accelerator: Any = MISSING
 
 

@@ -47,6 +47,7 @@ def _text(report: dict[str, Any], paths: list[Path]) -> str:
         f"omnibert-eval: {report['checkpoint']} ({report['checkpoint_kind']}{step}) on "
         f"{report['samples']:,} samples, {report['masked_tokens']:,} masked tokens",
         f"  objective           {report['objective']}",
+        f"  precision           {report['precision']} ({report['precision_note']})",
         f"  masked-LM accuracy  {report['mlm_accuracy']:.5f} (majority baseline "
         f"{report['mlm_majority_baseline']:.5f})",
     ]

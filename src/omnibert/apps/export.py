@@ -1,9 +1,11 @@
-"""``omnibert-export``: a checkpoint → a Hugging Face directory.
+"""``omnibert-export``: a checkpoint → a complete Hugging Face repository (weights,
+``config.json``, the tokenizer files and a model card).
 
 * a pretraining checkpoint (an omnibert ``.ckpt``, or the prefix of a Google / MLPerf
-  TensorFlow 1 checkpoint with its ``bert_config.json``) → ``BertForPreTraining``
-  (:func:`omnibert.convert.hf.export_hf`), or ``ModernBertForMaskedLM`` for a model of the
-  ModernBERT family (:mod:`omnibert.convert.modernbert`; another architecture is refused);
+  TensorFlow 1 checkpoint with its ``bert_config.json``) → ``BertForMaskedLM`` (``heads=mlm``,
+  the default) or ``BertForPreTraining`` (``heads=pretraining``), or
+  ``ModernBertForMaskedLM`` for a model of the ModernBERT family
+  (:func:`omnibert.run.exporting.export_pretrained`; another architecture is refused);
 * an ``omnibert-finetune`` run (its directory or ``.ckpt``) → ``BertForQuestionAnswering``
   (SQuAD) or ``BertForSequenceClassification`` (GLUE) with its tokenizer files
   (:func:`omnibert.run.inference.export_hf_finetuned`).
@@ -14,23 +16,22 @@ Wiring only: compose the config, tell the kind
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
+from omnibert.ckpt_files import saved_step
 from omnibert.convert.checkpoints import checkpoint_kind
-from omnibert.convert.hf import ConversionError, export_hf, model_from_pretraining_checkpoint
+from omnibert.convert.hf import ConversionError, model_from_pretraining_checkpoint
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.errors import exit_on
-from omnibert.models import BertForPreTraining
+from omnibert.finetune.tokenizer import vocab_is_uncased
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
-from omnibert.tokenization.vocab import sha256_file
+from omnibert.run.exporting import Pretrained, checked_vocab, export_pretrained
 
 register()
 
@@ -41,7 +42,7 @@ EXPORTABLE = (
 )
 
 
-def _tf1_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
+def _tf1_model(cfg: DictConfig) -> Pretrained:
     """The TF1 checkpoint's model and its vocab.txt (``vocab_file``, else the one next to it)."""
     vocab_file = cfg.vocab_file
     if vocab_file is None:
@@ -52,10 +53,20 @@ def _tf1_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
                 "vocab_file= with the vocab.txt it was trained with."
             )
         vocab_file = str(found)
-    return model_from_tf1(cfg.ckpt, cfg.bert_config), vocab_file
+    model = model_from_tf1(cfg.ckpt, cfg.bert_config)
+    return Pretrained(model, vocab_file, str(cfg.ckpt), "tf1", {}, _tf1_step(cfg.ckpt))
 
 
-def _omnibert_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
+def _tf1_step(prefix: str) -> int | None:
+    """A TF1 checkpoint's ``global_step`` variable (None when it has none)."""
+    from omnibert.convert.tf1_bundle import TF1Checkpoint
+
+    path = Path(prefix)
+    bundle = TF1Checkpoint(path.with_suffix("") if path.suffix == ".index" else path)
+    return int(bundle.read("global_step").item()) if "global_step" in bundle else None
+
+
+def _omnibert_model(cfg: DictConfig) -> Pretrained:
     """An omnibert ``.ckpt``'s model and its vocab.txt (``vocab_file``, else its hparams')."""
     hint = checkpoint_hint(cfg.ckpt)
     if hint is not None:
@@ -66,7 +77,8 @@ def _omnibert_model(cfg: DictConfig) -> tuple[BertForPreTraining, str | None]:
             "one (no .index file); drop bert_config= or pass the TF checkpoint's prefix."
         )
     model, hparams = model_from_pretraining_checkpoint(cfg.ckpt, wanted=EXPORTABLE)
-    return model, checked_vocab(cfg.ckpt, cfg.vocab_file, hparams)
+    vocab = checked_vocab(cfg.ckpt, cfg.vocab_file, hparams)
+    return Pretrained(model, vocab, str(cfg.ckpt), "omnibert", hparams, saved_step(cfg.ckpt))
 
 
 def _kind(cfg: DictConfig) -> str:
@@ -89,22 +101,38 @@ def _export_finetuned(cfg: DictConfig) -> None:
             f"bert_config= applies to TensorFlow checkpoints only and ckpt={cfg.ckpt} is an "
             "omnibert-finetune run; drop bert_config=."
         )
+    if cfg.heads is not None:
+        raise ConversionError(
+            f"heads={cfg.heads} applies to pretraining checkpoints and ckpt={cfg.ckpt} is an "
+            "omnibert-finetune run, exported with its task head; drop heads=."
+        )
     finetuned = load_finetuned(cfg.ckpt)
+    lower = vocab_is_uncased(finetuned.vocab_file)  # what the run's tokenizer did
+    if cfg.do_lower_case is not None and cfg.do_lower_case != lower:
+        raise ConversionError(
+            f"do_lower_case={str(cfg.do_lower_case).lower()} but the run {cfg.ckpt} was "
+            f"fine-tuned {'lower-cased' if lower else 'cased'} (its vocab.txt decides); drop "
+            "do_lower_case= so the tokenizer reads text as the model was trained."
+        )
     written = export_hf_finetuned(
         finetuned, cfg.out, vocab_file=cfg.vocab_file, overwrite=cfg.overwrite
     )
     config = finetuned.task.model.config
     out = written[0].parent
-    auto = (
-        "AutoModelForQuestionAnswering"
-        if finetuned.task.head == "question_answering"
-        else "AutoModelForSequenceClassification"
+    qa = finetuned.task.head == "question_answering"
+    auto = "AutoModelForQuestionAnswering" if qa else "AutoModelForSequenceClassification"
+    answers = (
+        "; answers: omnibert.finetune.qa_client.answer_question(model, tokenizer, question, "
+        "context) (transformers 5 has no question-answering pipeline)"
+        if qa
+        else f", or pipeline('text-classification', model={str(out)!r})"
     )
     print(
         f"exported {finetuned.checkpoint} (task={finetuned.recipe.get('name')}, BERT "
         f"L{config.num_hidden_layers}-H{config.hidden_size}, vocab {config.vocab_size}) to "
         f"{out} ({', '.join(p.name for p in written)}); load it with transformers.{auto}"
         f".from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})"
+        f"{answers}"
     )
 
 
@@ -125,54 +153,12 @@ def run(cfg: DictConfig) -> None:
     if kind == "finetuned":
         _export_finetuned(cfg)
         return
-    model, vocab_file = _tf1_model(cfg) if kind == "tf1" else _omnibert_model(cfg)
-    if vocab_file is None:
-        raise ConversionError(
-            f"checkpoint {cfg.ckpt} records no vocab_file; pass vocab_file= with the vocab.txt "
-            "the model was trained with."
-        )
-    written = export_hf(model.eval(), cfg.out, vocab_file, overwrite=cfg.overwrite)
-    names = ", ".join(path.name for path in written)
-    family, hf_class = (
-        ("BERT", "BertForPreTraining")
-        if model.config.is_bert
-        else ("ModernBERT", "ModernBertForMaskedLM")
-    )
-    print(
-        f"exported {cfg.ckpt} ({family} L{model.config.num_hidden_layers}-H"
-        f"{model.config.hidden_size}, vocab {model.config.vocab_size}) to {written[0].parent} "
-        f"({names}); load it with transformers.{hf_class}.from_pretrained"
-        f"({str(written[0].parent)!r})"
-    )
-
-
-def checked_vocab(ckpt: str, given: str | None, hparams: dict[str, Any]) -> str:
-    """The vocab.txt to export: ``vocab_file=`` or the one the checkpoint was trained with,
-    whose sha256 (recorded by the task) must still be the file's."""
-    recorded, sha = hparams.get("vocab_file"), hparams.get("vocab_sha256")
-    vocab_file = given if given is not None else recorded
-    if vocab_file is None:
-        raise ConversionError(
-            f"checkpoint {ckpt} records no vocab_file; pass vocab_file= with the vocab.txt "
-            "the model was trained with."
-        )
-    if sha is None or not Path(vocab_file).is_file():
-        return str(vocab_file)  # an older checkpoint; export_hf says when the file is missing
-    now = sha256_file(vocab_file)
-    if now == sha:
-        return str(vocab_file)
-    if given is None:
-        raise ConversionError(
-            f"vocab file {vocab_file} changed since checkpoint {ckpt} was trained with it "
-            f"(sha256 {sha[:12]} then, {now[:12]} now); pass vocab_file= with the vocab.txt "
-            "the model was trained with."
-        )
-    print(
-        f"omnibert-export: note: vocab_file={given} is not the vocab checkpoint {ckpt} was "
-        f"trained with ({recorded}, sha256 {sha[:12]}; this one {now[:12]}); exporting it.",
-        file=sys.stderr,
-    )
-    return str(vocab_file)
+    pretrained = _tf1_model(cfg) if kind == "tf1" else _omnibert_model(cfg)
+    line = export_pretrained(
+        pretrained, cfg.out, heads=cfg.heads, do_lower_case=cfg.do_lower_case,
+        overwrite=cfg.overwrite,
+    )  # fmt: skip
+    print(line)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")

@@ -1,6 +1,9 @@
-"""``omnibert-predict``: predictions of any fine-tuned run (``conf/predict.yaml``).
+"""``omnibert-predict``: predictions of any fine-tuned run, and the masked words of a
+pretrained model (``conf/predict.yaml``).
 
-Wiring only: load the run's checkpoint, its task's data spec and vocab
+Wiring only. A pretrained model (:func:`omnibert.run.fill_mask.masked_lm_path`): read the
+texts, load the model and its tokenizer, the top-k tokens per ``[MASK]``
+(:mod:`omnibert.run.fill_mask`). A fine-tuned run: load its checkpoint, its task's data spec and vocab
 (:func:`omnibert.run.inference.load_finetuned`), read and check the inputs
 (:mod:`omnibert.run.predicting`), predict with the task's own features and post-processing
 (:func:`omnibert.run.finetune_eval.predict_outputs`), write JSON Lines (one record per input) to
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise FineTuneInputError("input_file= needs out=<predictions.jsonl>; set out.")
     if config.out:
         check_writable_file(config.out, "out")
+    from omnibert.run.fill_mask import masked_lm_path
+
+    pretrained = masked_lm_path(config.ckpt)
+    if pretrained is not None:
+        return _fill_mask(config, pretrained)
     from omnibert.accelerators import build_plugin
     from omnibert.finetune.tokenizer import build_tokenizer
     from omnibert.run.finetune_inputs import task_data
@@ -98,10 +106,44 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     records, predictions = predict_records(
         data, task, inputs, tokenizer, recipe, autocast, progress=progress
     )
-    if not inputs.from_file:
+    scores = (lambda: data.scores(inputs.dataset, predictions)) if inputs.labelled else None
+    return _emit(config, records, inputs.from_file, f"task={data.task}", scores)
+
+
+def _fill_mask(config: PredictConfig, path: Path) -> dict[str, Any]:
+    """Masked words from a pretrained model (:mod:`omnibert.run.fill_mask`)."""
+    from omnibert.accelerators import build_plugin
+    from omnibert.run.fill_mask import fill_mask_records, load_masked_lm, read_texts
+
+    if config.task_name and config.task_name != "fill-mask":
+        raise FineTuneInputError(
+            f"ckpt={config.ckpt} is a pretrained model, which fills masked words "
+            f"(task_name=fill-mask), not task_name={config.task_name}; pass an omnibert-finetune "
+            f"task={config.task_name} run (or drop task_name=)."
+        )
+    texts, from_file = read_texts(config)  # before the model loads: a bad file costs nothing
+    masked = load_masked_lm(path)
+    plugin = build_plugin(config.accelerator.plain())
+    records = fill_mask_records(
+        masked, texts, config.top_k, config.batch_size or 32,
+        plugin.autocast(config.precision), plugin.device, from_file,
+    )  # fmt: skip
+    return _emit(config, records, from_file, "fill-mask")
+
+
+def _emit(
+    config: PredictConfig,
+    records: list[dict[str, Any]],
+    from_file: bool,
+    what: str,
+    scores: Callable[[], dict[str, float]] | None = None,
+) -> dict[str, Any]:
+    """The records as JSON Lines: one input's printed, a file's to ``out`` (else stdout);
+    ``scores``: a labelled file's metrics, printed with the file written."""
+    if not from_file:
         print(json.dumps(records[0], ensure_ascii=False))  # one JSON Lines record
         return records[0]
-    if to_stdout:
+    if not config.out:
         for record in records:
             print(json.dumps(record, ensure_ascii=False))
         sys.stdout.flush()
@@ -112,13 +154,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     result: dict[str, Any] = {"predictions": len(records), "out": str(out)}
-    if inputs.labelled:
-        result.update(data.scores(inputs.dataset, predictions))
+    if scores is not None:
+        result.update(scores())
     metrics = "; ".join(
         f"{k} {v:.4f}" for k, v in result.items() if k not in ("predictions", "out")
     )
     print(
-        f"omnibert-predict: {len(records)} task={data.task} records written to {out}"
+        f"omnibert-predict: {len(records)} {what} records written to {out}"
         + (f"; {metrics}" if metrics else "")
     )
     return result

@@ -25,7 +25,8 @@ class EvalConfig:
     bert_config: str | None
     out: str | None
     eval_micro_batch_size: int
-    precision: str
+    #: None: the precision the checkpoint's run validated in (else fp32)
+    precision: str | None
     seed: int
     accelerator: Node
     data: Node
@@ -44,7 +45,7 @@ class EvalConfig:
             c.get("bert_config"),
             c.get("out"),
             int(size),
-            str(c["precision"]),
+            None if c.get("precision") is None else str(c["precision"]),
             int(c["seed"]),
             Node(c["accelerator"], "accelerator"),
             Node(c["data"], "data"),
@@ -57,7 +58,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class PredictConfig:
-    """``conf/predict.yaml``: what a fine-tuned run predicts, and how."""
+    """``conf/predict.yaml``: what a fine-tuned run (or a pretrained model: masked words)
+    predicts, and how."""
 
     ckpt: str
     task_name: str | None
@@ -70,6 +72,8 @@ class PredictConfig:
     batch_size: int | None
     precision: str
     accelerator: Node
+    #: fill-mask: predictions per [MASK]
+    top_k: int = 5
 
     @classmethod
     def of(cls, cfg: DictConfig, error: type[UserError]) -> PredictConfig:
@@ -81,6 +85,9 @@ class PredictConfig:
         batch = c.get("batch_size")
         if batch is not None and int(batch) < 1:
             raise error(f"batch_size={batch} must be a positive integer.")
+        top_k = int(c.get("top_k", 5))
+        if top_k < 1:
+            raise error(f"top_k={top_k} must be a positive integer (predictions per [MASK]).")
         return cls(
             str(c["ckpt"]),
             text("task_name"),
@@ -93,6 +100,7 @@ class PredictConfig:
             None if batch is None else int(batch),
             str(c.get("precision", "32-true")),
             Node(c["accelerator"], "accelerator"),
+            top_k,
         )
 
     def given(self, key: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -32,13 +32,25 @@ from omnibert.config.sections import (
 )
 from omnibert.errors import UserError, yes_no
 
-__all__ = ["TrainConfig", "TrainConfigError"]
+__all__ = ["TrainConfig", "TrainConfigError", "override_keys"]
 
 EXAMPLE = "e.g. omnibert-train data.train_path=<dir> data.eval_path=<dir> (or experiment=demo)"
 
 
 class TrainConfigError(UserError):
     """The training configuration cannot work; the message names the key and the fix."""
+
+
+def override_keys(overrides: Iterable[str] | None) -> frozenset[str]:
+    """The keys of command-line overrides (``+model.config.x=1`` -> ``model.config.x``);
+    ``None``: those of the running Hydra app (none outside one)."""
+    if overrides is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return frozenset()
+        overrides = [str(o) for o in HydraConfig.get().overrides.task]
+    return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o)
 
 
 @dataclass(frozen=True)
@@ -73,11 +85,16 @@ class TrainConfig:
     mlperf: MLPerf | None
     #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
     checkpointing: Checkpointing | None = None
+    #: the keys set on the command line (Hydra's overrides): what the user chose, as against
+    #: a preset's defaults (``model.init_from`` of a Hugging Face directory refuses a
+    #: ``model.config.*`` set there that contradicts its config.json)
+    command_line: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, cfg: DictConfig) -> TrainConfig:
+    def of(cls, cfg: DictConfig, command_line: Iterable[str] | None = None) -> TrainConfig:
         """Resolve ``cfg`` (a missing key or an interpolation that does not resolve is one
-        sentence) and check every range."""
+        sentence) and check every range. ``command_line``: the overrides (``key=value``) the
+        config was composed with; None: Hydra's, when a Hydra app runs."""
         c = resolve(cfg, EXAMPLE, TrainConfigError)
         task = c.get("task") or {}
         phase = Phase.of(c["phase"])
@@ -97,6 +114,7 @@ class TrainConfig:
             compile_only=bool(c.get("compile_only")),
             profile=c.get("profile", False),
             mlperf=mlperf,
+            command_line=override_keys(command_line),
             **shared_sections(c),
         )
         if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks

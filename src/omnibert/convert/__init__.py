@@ -5,12 +5,12 @@ Google / MLPerf TensorFlow 1 checkpoints read without TensorFlow (:mod:`~omniber
 from omnibert.convert.hf import (
     ConversionError,
     ImportReport,
-    export_hf,
     init_from_hf,
     load_pretraining_checkpoint,
     model_from_pretraining_checkpoint,
     read_hf_config,
 )
+from omnibert.convert.hf_export import export_hf
 from omnibert.convert.tf1 import (
     check_tf1_checkpoint,
     load_tf1_into,

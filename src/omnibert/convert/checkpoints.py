@@ -141,6 +141,13 @@ def load_pretrained(
         config = read_hf_config(path)
         model = BertForPreTraining(config)
         report = init_from_hf(model, path)
+        if report.fresh_heads == ["bert.pooler", "cls.seq_relationship"] and require_heads:
+            raise ConversionError(
+                f"{key}={path} is a masked-LM model (BertForMaskedLM: no pooler or "
+                "next-sentence head), so its next-sentence outputs would be random; pass the "
+                ".ckpt it was exported from, or export that with omnibert-export "
+                "heads=pretraining (BertForPreTraining)."
+            )
         if report.fresh_heads and require_heads:
             what = "a fine-tuned task model" if report.task_head else "a bare BertModel"
             raise ConversionError(

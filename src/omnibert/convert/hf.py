@@ -7,19 +7,11 @@
   A fine-tuned model's directory (``BertForQuestionAnswering`` / ``BertForSequenceClassification``)
   also holds its task head (``qa_outputs.*`` / ``classifier.*``): :attr:`ImportReport.task_head`
   hands it to fine-tuning, which keeps it when it is the task's head.
-* :func:`export_hf` writes ``model.safetensors`` + ``config.json`` + ``vocab.txt`` that
-  ``transformers.BertForPreTraining.from_pretrained`` loads with no missing or unexpected key.
-  The vocab padding rows are stripped (``vocab_size`` = the real vocab). The tied decoder
-  tensors (``cls.predictions.decoder.weight``/``.bias`` are the word embedding and
-  ``cls.predictions.bias``) are not written, exactly as ``save_pretrained`` does, because
-  safetensors refuses shared tensors; ``from_pretrained`` ties them again. Fine-tuned models
-  (:mod:`omnibert.models.heads`) go out through the same function with their own
-  ``config.json`` and the tokenizer files ``AutoTokenizer`` reads
-  (:func:`omnibert.run.inference.export_hf_finetuned`).
+* :func:`~omnibert.convert.hf_export.export_hf` (its own module) writes the other way.
 * :func:`load_pretraining_checkpoint` reads a Lightning checkpoint of the pretraining task.
 
-Models of the ModernBERT family go through the same two functions: :func:`export_hf` writes
-them as ``ModernBertForMaskedLM`` and :func:`init_from_hf` reads a ModernBERT directory
+Models of the ModernBERT family go through the same functions: ``export_hf`` writes them as
+``ModernBertForMaskedLM`` and :func:`init_from_hf` reads a ModernBERT directory
 (``model_type`` ``modernbert``), with the names and config keys of
 :mod:`omnibert.convert.modernbert`; a model of neither family is refused before any file.
 """
@@ -27,16 +19,13 @@ them as ``ModernBertForMaskedLM`` and :func:`init_from_hf` reads a ModernBERT di
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
-from torch import nn
+from safetensors.torch import load_file
 
 from omnibert.ckpt_files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
@@ -53,14 +42,6 @@ HEADS = ("bert.pooler", "cls.predictions", "cls.seq_relationship")
 TASK_HEADS = ("qa_outputs", "classifier")
 #: What the pretraining loaders ask for; an app that takes more kinds names them instead.
 PRETRAINING_CHECKPOINT = "a checkpoint written by omnibert-train's pretraining task"
-#: The special tokens of every BERT vocab, as Hugging Face's BertTokenizer names them.
-SPECIAL_TOKENS = {
-    "unk_token": "[UNK]",
-    "sep_token": "[SEP]",
-    "pad_token": "[PAD]",
-    "cls_token": "[CLS]",
-    "mask_token": "[MASK]",
-}
 _BUFFER_SUFFIXES = ("position_ids", "token_type_ids")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -324,107 +305,6 @@ def _init_from_modernbert(
     return ImportReport(source=str(path), loaded=sorted(updates), missing=missing, ignored=ignored)
 
 
-def _count_lines(vocab_file: Path) -> int:
-    with vocab_file.open(encoding="utf-8") as handle:
-        return sum(1 for _ in handle)
-
-
-def export_hf(
-    model: nn.Module,
-    out_dir: str | Path,
-    vocab_file: str | Path | None,
-    *,
-    overwrite: bool = False,
-    hf_config: Mapping[str, Any] | None = None,
-    leave_out: tuple[str, ...] = (),
-    lower_case: bool | None = None,
-) -> list[Path]:
-    """Write a Hugging Face checkpoint directory; returns the files written.
-
-    ``model`` is a :class:`BertForPreTraining` (its ``config.json`` names
-    ``BertForPreTraining``), or a fine-tuned model of :mod:`omnibert.models.heads` with
-    ``hf_config`` (the ``config.json`` to write: its ``architectures``, labels) and
-    ``leave_out`` (module prefixes Hugging Face's class lacks: the QA model's pooler).
-    ``lower_case`` (not ``None``) adds ``tokenizer_config.json`` and
-    ``special_tokens_map.json``, so that ``AutoTokenizer.from_pretrained`` lower-cases (and
-    strips accents) exactly when the model was trained so; without them it would lower-case
-    any vocab, cased ones included.
-
-    ``out_dir`` must be empty or absent unless ``overwrite`` (then the files written are
-    replaced and nothing else is touched). ``vocab_file`` must have ``vocab_size`` lines.
-    """
-    from omnibert.convert.modernbert import (
-        check_exportable,
-        modernbert_export_dict,
-        modernbert_tensors,
-    )
-
-    out = Path(out_dir)
-    config = cast(BertConfig, model.config)
-    modern = hf_config is None and not config.is_bert
-    if modern:  # ModernBertForMaskedLM, or one sentence before anything is written
-        check_exportable(config)
-    names = ["model.safetensors", "config.json"]
-    if vocab_file is not None:
-        names.append("vocab.txt")
-    if lower_case is not None:
-        names += ["tokenizer_config.json", "special_tokens_map.json"]
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"export directory {out} is a file; choose another out=.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConversionError(
-            f"export directory {out} is not empty; choose an empty out= or pass overwrite=true "
-            f"(only {', '.join(names[:-1])} and {names[-1]} are replaced)."
-        )
-    vocab_path = Path(vocab_file) if vocab_file is not None else None
-    if vocab_path is not None:
-        if not vocab_path.is_file():
-            raise ConversionError(
-                f"vocab file {vocab_path} does not exist; pass vocab_file= with the vocab.txt "
-                "the model was trained with."
-            )
-        lines = _count_lines(vocab_path)
-        if lines != config.vocab_size:
-            raise ConversionError(
-                f"vocab file {vocab_path} has {lines} tokens but the model's vocab_size is "
-                f"{config.vocab_size}; pass vocab_file= with the vocab.txt it was trained with."
-            )
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        if modern or name in TIED_KEYS or name.startswith(tuple(f"{m}." for m in leave_out)):
-            continue
-        if name in VOCAB_KEYS:
-            tensor = tensor[: config.vocab_size]
-        tensors[name] = tensor.detach().to("cpu").contiguous().clone()
-    if modern:
-        tensors = modernbert_tensors(model.state_dict(), config)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / name for name in names]
-    save_file(tensors, str(written[0]), metadata={"format": "pt"})
-    os.chmod(written[0], 0o666 & ~_umask())  # safetensors writes 0600; like the others
-    if hf_config is not None:
-        hf = dict(hf_config)
-    else:
-        hf = modernbert_export_dict(config, vocab_path) if modern else config.to_hf_dict()
-    written[1].write_text(json.dumps(hf, indent=2) + "\n")
-    if vocab_path is not None:
-        shutil.copyfile(vocab_path, written[2])
-    if lower_case is not None:
-        tokenizer = {
-            "tokenizer_class": "BertTokenizer",
-            # omnibert's WordPiece (omnibert.finetune.tokenizer) strips accents exactly when
-            # it lower-cases, as BertTokenizer does with strip_accents null; said explicitly
-            "do_lower_case": lower_case,
-            "strip_accents": lower_case,
-            "tokenize_chinese_chars": True,
-            "model_max_length": config.max_position_embeddings,
-            **SPECIAL_TOKENS,
-        }
-        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
-        (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
-    return written
-
-
 def _directory_message(path: Path) -> str:
     """What to pass instead of a directory: the checkpoints in it (or its checkpoints/)."""
     found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
@@ -440,19 +320,6 @@ def _directory_message(path: Path) -> str:
         f"ckpt={path} is a directory; pass one checkpoint file in it, e.g. ckpt={best} "
         f"(it holds {names}{more})."
     )
-
-
-def _umask() -> int:
-    """The process umask (Linux reads it without changing it; elsewhere set and restore)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def load_pretraining_checkpoint(

@@ -217,6 +217,11 @@ class PretrainingDataModule(pl.LightningDataModule):
         return self.source.vocab_file
 
     @property
+    def do_lower_case(self) -> bool | None:
+        """Whether the text was lower-cased when prepared (None: the data does not say)."""
+        return self.source.do_lower_case
+
+    @property
     def num_train_samples(self) -> int:
         """Training rows (sequences) of all ranks together."""
         return self.source.num_train_samples

@@ -103,6 +103,11 @@ class RowSource:
         return None
 
     @property
+    def do_lower_case(self) -> bool | None:
+        """Whether the text was lower-cased when the rows were made (None when unrecorded)."""
+        return None
+
+    @property
     def masked_lm_prob(self) -> float | None:
         """The masking rate the training rows were made with (None when unrecorded)."""
         return None
@@ -267,6 +272,13 @@ class ArrowSource(RowSource):
     @property
     def vocab_file(self) -> str | None:
         return self._vocab_file
+
+    @property
+    def do_lower_case(self) -> bool | None:
+        split = self.splits.get("train") or self.splits.get("eval")
+        settings = ((split.metadata if split else None) or {}).get("settings") or {}
+        value = settings.get("do_lower_case")
+        return None if value is None else bool(value)
 
     @property
     def masked_lm_prob(self) -> float | None:

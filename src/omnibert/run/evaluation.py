@@ -11,7 +11,9 @@ over the whole set and every device (not a mean of batch means). A model without
 next-sentence head (``next_sentence_head: false``) is reported on masked-LM alone: its
 report has ``objective: "MLM only"`` and no ``nsp_*`` keys. The report and the
 progress line name the checkpoint's own step (its ``global_step``; a TF1 checkpoint's
-``global_step`` variable; none for a Hugging Face directory), not the fresh Trainer's 0.
+``global_step`` variable; none for a Hugging Face directory), not the fresh Trainer's 0, and
+the precision evaluated in (by default the one the checkpoint's run validated in:
+:func:`eval_precision`), so the accuracies compare with the run's.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.checkpoints import load_pretrained
 from omnibert.convert.tf1_bundle import TF1Checkpoint
+from omnibert.errors import UserError
 from omnibert.run.pipeline import quiet_third_party_deprecations
 from omnibert.run.plan import TrainConfigError
+from omnibert.run.run_records import run_summary
 from omnibert.run.target_types import check_target_types
 from omnibert.tasks.pretraining import PretrainingTask
 
@@ -50,9 +54,13 @@ def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> di
     check_target_types([config.accelerator, config.data])
     size = config.eval_micro_batch_size
     plugin = build_plugin(config.accelerator.plain())
-    plugin.check_precision(config.precision)
+    if config.precision is not None:
+        plugin.check_precision(config.precision)
     loaded = load_pretrained(config.ckpt, config.bert_config)
     step = checkpoint_step(config.ckpt, loaded.kind)
+    precision, precision_note = eval_precision(
+        config.precision, plugin, config.ckpt, loaded.kind, step
+    )
     datamodule = config.data.build(
         micro_batch_size=size, eval_micro_batch_size=size, evaluate_only=True
     )
@@ -62,7 +70,7 @@ def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> di
     task = PretrainingTask(model_config=model_config.to_dict(), vocab_file=loaded.vocab_file)
     task.model = loaded.model  # the loaded weights; the task brings the metrics
     seed_everything(config.seed, workers=False)
-    hardware = plugin.trainer_kwargs(config.precision)
+    hardware = plugin.trainer_kwargs(precision)
     trainer = pl.Trainer(
         **hardware,
         callbacks=[] if sys.stdout.isatty() else [_progress(step)],
@@ -105,9 +113,38 @@ def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> di
         "mlm_loss": val.get("val/mlm_loss"),
         **nsp,
         "loss": val.get("val/loss"),
-        "precision": config.precision,
+        "precision": precision,
+        "precision_note": precision_note,
         "seconds": round(seconds, 3),
     }
+
+
+def eval_precision(
+    given: str | None, plugin: Any, ckpt: str, kind: str, step: int | None
+) -> tuple[str, str]:
+    """The precision to evaluate in and why: ``precision=`` as given, else the one the
+    checkpoint's run validated in (its ``summary.json``: :mod:`omnibert.run.run_records`)
+    where this accelerator runs it, else fp32; the note says which, and when the run's own
+    validation used another (masked-LM accuracies then differ in the last digits)."""
+    summary = run_summary(ckpt, step) if kind == "omnibert" else None
+    ran = summary.precision if summary is not None else None
+    if given is not None:
+        if ran is not None and ran != given:
+            return given, (
+                f"as set; its run validated in {ran}, so its accuracies can differ in the last "
+                f"digits: precision={ran} reproduces them"
+            )
+        return given, "as set" + (", as its run validated" if ran == given else "")
+    if ran is None:
+        return "32-true", "the default: the checkpoint's run records no precision"
+    try:
+        plugin.check_precision(ran)
+    except UserError as err:
+        return "32-true", (
+            f"its run validated in {ran}, which this accelerator cannot run, so its "
+            f"accuracies can differ in the last digits: {str(err).rstrip('.')}"
+        )
+    return ran, f"as its run validated, per {summary.path if summary else ''}"
 
 
 def checkpoint_step(path: str | Path, kind: str) -> int | None:

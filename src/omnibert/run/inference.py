@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from omnibert.convert.checkpoints import FINETUNED_CKPT as FINAL
-from omnibert.convert.hf import export_hf
+from omnibert.convert.hf_export import export_hf
 from omnibert.finetune.tokenizer import FineTuneInputError, vocab_is_uncased
 from omnibert.run.finetune_inputs import task_data
 from omnibert.run.init_from import read_finetuned
+from omnibert.run.model_cards import finetuned_card
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
 __all__ = [
@@ -92,9 +93,11 @@ def export_hf_finetuned(
     SQuAD (v1.1, v2.0): ``BertForQuestionAnswering`` (no pooler: HF's QA model has none);
     GLUE: ``BertForSequenceClassification`` with the task's label names as
     ``id2label``/``label2id``, STS-B as ``problem_type="regression"`` with one output.
-    ``model.safetensors`` + ``config.json`` (``architectures``, ``finetuning_task``) +
-    ``vocab.txt`` (the run's, or ``vocab_file``) + ``tokenizer_config.json`` and
-    ``special_tokens_map.json`` lower-casing as the run did, so that
+    ``model.safetensors`` + ``config.json`` (``architectures``, ``finetuning_task``; SQuAD:
+    the run's windows and span rule as ``question_answering``, which
+    :mod:`omnibert.finetune.qa_client` reads) + ``vocab.txt`` (the run's, or ``vocab_file``) +
+    the tokenizer files (:mod:`omnibert.convert.hub_tokenizer`) lower-casing as the run did
+    + a model card (``README.md``), so that
     ``AutoModelFor...`` and ``AutoTokenizer.from_pretrained`` (and ``pipeline``) load the
     directory unchanged, with no missing or unexpected key. ``out_dir``: empty or absent
     unless ``overwrite`` (:func:`omnibert.convert.hf.export_hf`).
@@ -118,8 +121,10 @@ def export_hf_finetuned(
         )
     hf["finetuning_task"] = finetuned.recipe.get("name")
     leave_out: tuple[str, ...] = ()
-    if finetuned.task.head == "question_answering":
+    qa = finetuned.task.head == "question_answering"
+    if qa:
         hf["architectures"] = ["BertForQuestionAnswering"]
+        hf["question_answering"] = _qa_settings(finetuned.recipe)
         leave_out = ("bert.pooler",)
     else:
         hf["architectures"] = ["BertForSequenceClassification"]
@@ -132,7 +137,20 @@ def export_hf_finetuned(
         hf_config=hf,
         leave_out=leave_out,
         lower_case=vocab_is_uncased(finetuned.vocab_file),  # what the run's tokenizer did
+        card=finetuned_card(finetuned, Path(out_dir), qa),
     )
+
+
+def _qa_settings(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The run's windows and span rule, for :mod:`omnibert.finetune.qa_client` (config.json's
+    ``question_answering``): what omnibert-predict uses on this run."""
+    data = task_data(recipe)
+    return {
+        **{key: recipe[key] for key in ("max_seq_length", "doc_stride", "max_query_length",
+                                        "n_best_size", "max_answer_length")},
+        "version_2_with_negative": bool(getattr(data, "version_2", False)),
+        "null_score_diff_threshold": float(recipe.get("null_score_diff_threshold") or 0.0),
+    }  # fmt: skip
 
 
 def _labels(recipe: dict[str, Any], num_labels: int) -> dict[str, Any]:

@@ -29,15 +29,17 @@ Fine-tuning (:func:`load_encoder_source`):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from omnibert.ckpt_files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
-from omnibert.config import TrainConfigError
+from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.convert.checkpoints import (
     FINETUNED_CKPT,
     checkpoint_kind,
@@ -62,7 +64,13 @@ from omnibert.convert.tf1 import (
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.models.config import BertConfigError, architecture_diffs
+from omnibert.models.config import (
+    FINETUNE_FIELDS,
+    REGULARISATION_FIELDS,
+    RUNTIME_FIELDS,
+    BertConfigError,
+    architecture_diffs,
+)
 
 __all__ = [
     "EncoderSource",
@@ -72,6 +80,7 @@ __all__ = [
     "load_encoder_source",
     "plan_pretraining_init",
     "read_finetuned",
+    "with_checkpoint_architecture",
 ]
 
 
@@ -108,6 +117,48 @@ class PretrainingInit:
                 f"{result.unexpected_keys[:1]}; pass a checkpoint of this model."
             )
         return f"weights of {self.path} (fresh optimiser and schedule)"
+
+
+#: BertConfig fields a run keeps whatever a checkpoint's config.json says: the vocab (the
+#: data's, checked against the checkpoint's later), its padding and the runtime / fine-tuning
+#: choices config.json does not hold
+_RUN_FIELDS = ("vocab_size", "pad_vocab_size_multiple", *RUNTIME_FIELDS, *FINETUNE_FIELDS)
+
+
+def with_checkpoint_architecture(config: TrainConfig) -> TrainConfig:
+    """``config`` with the model's architecture from ``init_from``'s ``config.json`` when it
+    is a Hugging Face directory (BERT or ModernBERT): its sizes and family replace the
+    preset's, so ``model.init_from=<dir>`` needs no ``model.config.*``. A
+    ``model.config.<field>`` set on the command line that contradicts config.json is refused
+    in one sentence; a dropout or init range set there is kept (it is training, not
+    architecture). Any other ``config`` is returned as it is."""
+    init = config.model.init_from or config.phase.init_from
+    path = Path(str(init)) if init is not None else None
+    if path is None or not (path.is_dir() and (path / "config.json").is_file()):
+        return config
+    fields = dict(config.model.fields)
+    pad = int(fields.get("pad_vocab_size_multiple") or 8)
+    theirs = dataclasses.asdict(read_hf_config(path).replace(pad_vocab_size_multiple=pad))
+    typed = {k.removeprefix("model.config.") for k in config.command_line}
+    contradicted = [
+        f"model.config.{name}={fields.get(name)!r} (config.json: {value!r})"
+        for name, value in theirs.items()
+        if name in typed and name not in (*_RUN_FIELDS, *REGULARISATION_FIELDS)
+        and fields.get(name) != value
+    ]  # fmt: skip
+    if contradicted:
+        raise InitFromError(
+            f"init_from={path} is a Hugging Face checkpoint whose config.json gives the model's "
+            f"architecture, and {', '.join(contradicted)} contradicts it; drop that override "
+            "(or start from another checkpoint)."
+        )
+    for name, value in theirs.items():
+        if name not in _RUN_FIELDS and name not in typed:
+            fields[name] = value
+    raw = copy.deepcopy(dict(config.raw))
+    raw["model"]["config"] = {**raw["model"]["config"], **fields}
+    model = dataclasses.replace(config.model, fields=fields)
+    return dataclasses.replace(config, model=model, raw=MappingProxyType(raw))
 
 
 def plan_pretraining_init(

@@ -221,6 +221,14 @@ class TrainPlan:
     def _init_description(self) -> str:
         if self.init_from is None:
             return "random init"
+        if getattr(self.init, "kind", None) == "huggingface" and self.model is not None:
+            m = self.model
+            family = "BERT" if m.is_bert else "ModernBERT"
+            return (
+                f"{self.init_from} (Hugging Face; the architecture is its config.json's: "
+                f"{family} L{m.num_hidden_layers}-H{m.hidden_size}-A{m.num_attention_heads}, "
+                f"intermediate {m.intermediate_size})"
+            )
         if self.init_bert_config is None:
             return self.init_from
         return f"{self.init_from} (TensorFlow 1, {self.init_bert_config})"

@@ -90,13 +90,19 @@ def check_task(cfg: PredictConfig, data: Any, ckpt: str) -> None:
             )
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+#: JSON Lines records, each with its line number in the file (for messages)
+Records = list[tuple[int, dict[str, Any]]]
+
+
+def jsonl_file(path: Path) -> Records:
+    """The records of a JSON Lines file (``input_file=path``)."""
     with path.open(encoding="utf-8") as handle:
-        return _json_records(handle, f"input_file={path}")
+        return json_records(handle, f"input_file={path}")
 
 
-def _json_records(lines: Any, where: str) -> list[dict[str, Any]]:
-    """The JSON objects of JSON Lines (``where``: the source, for messages)."""
+def json_records(lines: Any, where: str) -> Records:
+    """The JSON objects of JSON Lines with their line numbers (``where``: the source, for
+    messages); blank lines are skipped."""
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -112,15 +118,25 @@ def _json_records(lines: Any, where: str) -> list[dict[str, Any]]:
             raise FineTuneInputError(
                 f"{where} line {number} is not a JSON object; write one per line."
             )
-        records.append(record)
+        records.append((number, record))
     if not records:
         raise FineTuneInputError(f"{where} holds no records; pass a non-empty file.")
     return records
 
 
-def _squad_rows(records: list[dict[str, Any]], where: str, data: Any) -> list[dict[str, Any]]:
+def refuse_empty(where: str, number: int, record: dict[str, Any], keys: Any) -> None:
+    """One sentence when a record's text key holds no text (as ``text=""`` is refused)."""
+    for key in keys:
+        if not record[key].strip():
+            raise FineTuneInputError(
+                f'{where} line {number} has an empty "{key}"; put the text in it (or drop the '
+                "line)."
+            )
+
+
+def _squad_rows(records: Records, where: str, data: Any) -> list[dict[str, Any]]:
     rows = []
-    for number, record in enumerate(records, start=1):
+    for position, (number, record) in enumerate(records, start=1):
         if not isinstance(record.get("question"), str) or not isinstance(
             record.get("context"), str
         ):
@@ -128,7 +144,8 @@ def _squad_rows(records: list[dict[str, Any]], where: str, data: Any) -> list[di
                 f'{where} line {number} lacks a string "question" or "context"; '
                 f'task={data.task} reads those keys (and "id").'
             )
-        rows.append({"id": str(record.get("id", number)), "question": record["question"],
+        refuse_empty(where, number, record, ("question", "context"))
+        rows.append({"id": str(record.get("id", position)), "question": record["question"],
                      "context": record["context"]})  # fmt: skip
     return rows
 
@@ -158,7 +175,7 @@ def _squad_inputs(cfg: PredictConfig, data: Any) -> Inputs:
     if path.suffix != ".jsonl":
         dataset = data.read_file(path, "input_file")
         return Inputs(dataset, True, data.has_labels(dataset))
-    return _squad_dataset(_squad_rows(_jsonl(path), f"input_file={path}", data), True)
+    return _squad_dataset(_squad_rows(jsonl_file(path), f"input_file={path}", data), True)
 
 
 def _text_dataset(data: Any, texts: list[list[str]]) -> Any:
@@ -183,18 +200,20 @@ def _named_columns(names: list[str], data: Any, path: Path | str) -> list[str]:
     )
 
 
-def _glue_records(records: list[dict[str, Any]], where: str, data: Any) -> Inputs:
-    names = _named_columns(list(records[0]), data, where)
-    for number, record in enumerate(records, start=1):
+def _glue_records(records: Records, where: str, data: Any) -> Inputs:
+    names = _named_columns(list(records[0][1]), data, where)
+    for number, record in records:
         if not all(isinstance(record.get(n), str) for n in names):
             raise FineTuneInputError(
                 f"{where} line {number} lacks a string "
                 f"{' or '.join(repr(n) for n in names)}; give every record each."
             )
-    return Inputs(_text_dataset(data, [[r[n] for r in records] for n in names]), True, False)
+        refuse_empty(where, number, record, names)
+    texts = [[r[n] for _, r in records] for n in names]
+    return Inputs(_text_dataset(data, texts), True, False)
 
 
-def _stdin_lines() -> list[str]:
+def stdin_lines() -> list[str]:
     """Standard input as UTF-8 lines (a BOM dropped; only ``\\n`` ends a line, so a text
     keeps any other separator Unicode has)."""
     if sys.stdin is None:
@@ -218,14 +237,14 @@ def _stdin_lines() -> list[str]:
 
 def _stdin_inputs(data: Any) -> Inputs:
     """The inputs of ``input_file=-``: JSON Lines, or for GLUE plain lines (module docstring)."""
-    lines = _stdin_lines()
+    lines = stdin_lines()
     first = next((line for line in lines if line.strip()), None)
     if first is None:
         raise FineTuneInputError(
             f"{STDIN_NAME} holds no inputs; pipe JSON Lines or one input per line into it."
         )
     if first.lstrip().startswith("{"):
-        records = _json_records(lines, STDIN_NAME)
+        records = json_records(lines, STDIN_NAME)
         if _is_squad(data):
             return _squad_dataset(_squad_rows(records, STDIN_NAME, data), True)
         return _glue_records(records, STDIN_NAME, data)
@@ -250,6 +269,7 @@ def _stdin_inputs(data: Any) -> Inputs:
                 f"{STDIN_NAME} line {number} has {len(fields)} TAB-separated fields; "
                 f"task={data.task} reads {need} per line."
             )
+        refuse_empty(STDIN_NAME, number, dict(zip(ALIASES, fields, strict=False)), ALIASES[:width])
         for column, value in zip(texts, fields, strict=True):
             column.append(value)
     return Inputs(_text_dataset(data, texts), True, False)
@@ -276,7 +296,7 @@ def _glue_inputs(cfg: PredictConfig, data: Any) -> Inputs:
             "(.jsonl) (a SQuAD JSON needs a task=squad or squad_v2 run)."
         )
     if path.suffix == ".jsonl":
-        return _glue_records(_jsonl(path), f"input_file={path}", data)
+        return _glue_records(jsonl_file(path), f"input_file={path}", data)
     try:  # the task's own GLUE TSV (dev or test layout)
         dataset = data.read_file(path, "input_file")
         return Inputs(dataset, True, data.has_labels(dataset))

@@ -45,7 +45,7 @@ from omnibert.run.checkpoints import (
     resolve_ckpt_path,
 )
 from omnibert.run.checks import check_optimizer, describe_clipping, resolve_clipping
-from omnibert.run.init_from import plan_pretraining_init
+from omnibert.run.init_from import plan_pretraining_init, with_checkpoint_architecture
 from omnibert.run.kernels import kernel_choices
 from omnibert.run.pipeline import (
     Prepared,
@@ -85,7 +85,8 @@ def typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
 def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     """Derive and check everything before compute (module docstring); builds no model."""
     quiet_third_party_deprecations()
-    config = typed(cfg)
+    # model.init_from=<Hugging Face dir>: the architecture its config.json states
+    config = with_checkpoint_architecture(typed(cfg))
     check_target_types(config.target_nodes())  # trainer.max_epochs=abc: before anything builds
     for key, path in config.paths.writable_keys().items():  # before any data is read
         check_writable_dir(path, key)
@@ -270,6 +271,7 @@ def build_task(prepared: Prepared) -> tuple[Any, str | None]:
         init_bert_config=plan.init_bert_config,
         vocab_file=prepared.datamodule.vocab_file,
         clip_grad_per_micro_batch=plan.clip_grad_per_micro_batch,
+        do_lower_case=prepared.datamodule.do_lower_case,
     )
     loaded = prepared.init.load_into(task.model) if prepared.init is not None else None
     return task, loaded

@@ -174,6 +174,9 @@ class PretrainingTask(TrainingTask):
             computed here when not given), so an export notices a file changed since.
         clip_grad_per_micro_batch: clip each micro-batch's gradient to this global norm
             before accumulation (MLPerf TF order, ``optimizer=lamb_mlperf``); ``None``: off.
+        do_lower_case: whether the training text was lower-cased (the data's
+            ``metadata.json``; ``None`` where the data does not say), kept so that an export's
+            tokenizer reads text as the model was trained.
     """
 
     def __init__(
@@ -187,6 +190,7 @@ class PretrainingTask(TrainingTask):
         clip_grad_per_micro_batch: float | None = None,
         init_bert_config: str | None = None,
         vocab_sha256: str | None = None,
+        do_lower_case: bool | None = None,
     ) -> None:
         super().__init__()
         config = BertConfig(**plain(model_config))
@@ -200,6 +204,7 @@ class PretrainingTask(TrainingTask):
             "vocab_sha256": vocab_sha256 if vocab_sha256 is not None else _sha256(vocab_file),
             "clip_grad_per_micro_batch": clip_grad_per_micro_batch,
             "init_bert_config": None if init_bert_config is None else str(init_bert_config),
+            "do_lower_case": None if do_lower_case is None else bool(do_lower_case),
         }
         self.save_hyperparameters(hparams)
         self.config = config
