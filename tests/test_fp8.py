@@ -312,7 +312,8 @@ def test_an_fp8_checkpoint_exports_to_transformers(pair, tmp_path) -> None:
     out = tmp_path / "hf"
     checkpoint = pair["fp8"]["checkpoint"]
     export_app.run(compose("export", [f"ckpt={checkpoint}", f"out={out}", f"vocab_file={vocab}"]))
-    hf, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
+    # the default export: BertForMaskedLM (the pooler and NSP head left out)
+    hf, info = transformers.BertForMaskedLM.from_pretrained(str(out), output_loading_info=True)
     assert not any(info.values()), info
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
     query = "bert.encoder.layer.0.attention.self.query.weight"
