@@ -115,7 +115,17 @@ def cases(lease: dict[str, Any], mean_length: float) -> list[dict[str, Any]]:
             row["omnibert_sequences_per_sec_at_histogram_mean"] = at_mean
             # Hugging Face's unpacked dense rows cost the same whatever their length
             row["ratio_at_histogram_mean"] = at_mean / hf["sequences_per_sec"]
-        else:
+        published = case.get("published")
+        if published:  # the published per-GPU rate as real tokens/s, at the histogram's mean
+            value = published["sequences_per_sec"]
+            row["published_sequences_per_sec"] = value
+            row["published_source"] = published["source"]
+            if case["packing"] != "none":
+                row["published_real_tokens_per_sec_at_histogram_mean"] = value * mean_length
+                row["published_over_omnibert_real_tokens"] = (
+                    value * mean_length / ours["real_tokens_per_sec"]
+                )
+        if case["packing"] == "none":  # both sides' rows hold one sequence each
             work = work_per_sequence(case["model"], case["seq"])
             row["flops_per_sequence"] = work
             row["ratio_per_flop"] = case["ratio_sequences_per_sec"] / work["hf_over_omnibert"]
