@@ -155,6 +155,9 @@ def test_without_a_micro_batch_the_plan_takes_the_fastest_and_says_so(tmp_path, 
     assert [s for s, _ in choice.probe["rates"]] == [4, 16]  # ascending
     assert 16 % batch.micro_batch_size == 0
     assert choice.reason.startswith("the fastest measured (rows/s: 4 → ")
+    # why it won, in the plan's words; on a CPU the host's clock times a pass
+    assert f"): {choice.probe['why']}" in choice.reason and choice.probe["timing"] == ""
+    assert choice.probe["why"].startswith(f"{batch.micro_batch_size} ran ")
     assert "of sizes that fit: the largest that fits" in choice.reason
     off = TrainConfig.of(compose("pretrain", [*GENERATED, "micro_batch_probe=false",
                                               f"paths.output_root={tmp_path}"]))  # fmt: skip

@@ -98,9 +98,9 @@ def test_training_bf16_compiled_by_default_without_recompiles(
 
 def test_training_with_cuda_graphs(tmp_path, fresh_dynamo):
     """CUDA-only: CUDA graphs are captured and replayed on a CUDA stream; no CPU counterpart
-    (test_kernels.py checks the settings: reduce-overhead mode, a step mark per batch, and the
-    refusal of gradient accumulation, which CUDA graph trees break). One micro-batch of the
-    whole global batch per step."""
+    (test_kernels.py checks the settings: reduce-overhead mode, a step mark per batch, the
+    refusal under FSDP). One micro-batch of the whole global batch per step; with gradient
+    accumulation: test_gpu_step.py."""
     summary = _train_in_process(tmp_path, "accelerator.cuda_graphs=true", "micro_batch_size=8")
     assert summary["plan"]["kernels"]["CUDA graphs"] == "on (torch.compile mode reduce-overhead)"
     assert summary["steps"] == 6

@@ -24,6 +24,7 @@ from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.optim import AdamW
 from omnibert.run.kernels import adamw_choice, kernel_choices
+from omnibert.tasks.pretraining import PretrainingTask
 
 SMOKE = ("experiment=smoke", "accelerator.threads=1")
 
@@ -207,28 +208,66 @@ def test_cuda_graphs_without_compile_is_refused_before_any_compute(tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
-def test_cuda_graphs_with_gradient_accumulation_are_refused_before_any_compute(
+def test_cuda_graphs_accumulate_gradients_except_under_fsdp_refused_before_any_compute(
     tmp_path, capsys, monkeypatch
 ):
-    """experiment=smoke accumulates 2 micro-batches per step: on an H200 (torch 2.11) CUDA
-    graph trees overwrote the first one's gradients ("accessing tensor output of CUDAGraphs
-    that has been overwritten"), so the plan refuses the pair; one micro-batch per step runs."""
+    """experiment=smoke accumulates 2 micro-batches per step: CUDA graphs run it (the task
+    keeps its own gradient tensors: tests/test_cuda_graph_gradients.py), except with FSDP,
+    which keeps its shards' gradients itself: refused in one sentence before any compute."""
     _H100(monkeypatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 2**30, 80 * 2**30))
     cfg = compose(
         "pretrain",
         [*SMOKE[:1], f"paths.output_root={tmp_path}", "accelerator=gpu",
-         "accelerator.cuda_graphs=true"],
+         "accelerator.cuda_graphs=true", "accelerator.strategy=fsdp"],
     )  # fmt: skip
     with pytest.raises(SystemExit) as info:
         run_or_exit(cfg, tmp_path / "out")
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("or set accelerator.cuda_graphs=false."), err
-    assert "over 2 micro-batches per step" in err[0]
+    assert "accelerator.strategy=fsdp" in err[0] and "over 2 micro-batches per step" in err[0]
     assert not (tmp_path / "out").exists()
-    plugin = GPUPlugin(**_gpu_config("accelerator.cuda_graphs=true"))
-    plugin.check_accumulation(1)  # a step of one micro-batch is what CUDA graphs replay
+    for strategy in ("auto", "ddp"):
+        plugin = GPUPlugin(
+            **_gpu_config("accelerator.cuda_graphs=true", f"accelerator.strategy={strategy}")
+        )
+        plugin.check_accumulation(4)  # the task owns the gradients: accumulation is sound
+    (marker,) = GPUPlugin(**_gpu_config("accelerator.cuda_graphs=true")).callbacks()
+    task = PretrainingTask(model_config={"vocab_size": 64, "hidden_size": 8,
+                                         "num_hidden_layers": 1, "num_attention_heads": 2,
+                                         "intermediate_size": 16})  # fmt: skip
+    assert not task.keep_gradient_buffers
+    marker.setup(None, task, "fit")
+    assert task.keep_gradient_buffers
+    with pytest.raises(TypeError, match="keep_gradient_buffers"):
+        marker.setup(None, torch.nn.Linear(1, 1), "fit")
+
+
+def test_cuda_graphs_with_varlen_attention_are_refused_before_any_compute(
+    tmp_path, capsys, monkeypatch
+):
+    """varlen's token count is data-dependent: inductor would disable CUDA graphs for that
+    graph, so the pair is refused instead of silently running without graphs; sdpa runs."""
+    _H100(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 2**30, 80 * 2**30))
+    cfg = compose(
+        "pretrain",
+        [*SMOKE[:1], f"paths.output_root={tmp_path}", "accelerator=gpu",
+         "accelerator.cuda_graphs=true", "model.config.attention=varlen"],
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        run_or_exit(cfg, tmp_path / "out")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.config.attention=varlen runs on each batch's" in err[0], err
+    assert err[0].endswith("set model.config.attention=sdpa or accelerator.cuda_graphs=false.")
+    assert not (tmp_path / "out").exists()
+    graphs = GPUPlugin(**_gpu_config("accelerator.cuda_graphs=true"))
+    with pytest.raises(AcceleratorError, match=r"attention=varlen \(auto's choice here\)"):
+        graphs.check_attention("auto", ("varlen", "sdpa"))
+    graphs.check_attention("auto", ("sdpa", "sdpa"))
+    GPUPlugin(**_gpu_config()).check_attention("varlen", ("varlen", "varlen"))  # no graphs
 
 
 # ----------------------------------------------------------------------------- AdamW

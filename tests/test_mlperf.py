@@ -176,3 +176,34 @@ def test_the_log_survives_a_library_that_reconfigures_logging(tmp_path):
     keys = [json.loads(x.removeprefix(":::MLLOG "))["key"]
             for x in (tmp_path / "mlperf.log").read_text().splitlines()]  # fmt: skip
     assert keys[:2] == ["cache_clear", "init_start"] and keys[-1] == "init_stop"
+
+
+def test_sequences_are_counted_on_the_device_until_the_step_ends(tmp_path):
+    """Inside an accumulation group the callback adds the micro-batch's sequences on the
+    batch's device and reads nothing on the host: a batch on the meta device (which has no
+    values to read) goes through; the count is read once the optimiser step has ended."""
+    from types import SimpleNamespace
+
+    from omnibert.callbacks.mlperf import MLPerfCompliance
+
+    submission = {"benchmark": "bert", "division": "open", "org": "x", "platform": "cpu",
+                  "status": "onprem"}  # fmt: skip
+    callback = MLPerfCompliance(tmp_path / "mlperf.log", target_accuracy=0.72,
+                                eval_every_samples=100, max_samples=None, submission=submission,
+                                hyperparameters={"seed": 1}, eval_samples=10)  # fmt: skip
+    try:
+        trainer = SimpleNamespace(global_step=0)
+        for _ in range(2):  # two micro-batches of step 1, still accumulating
+            meta = {"nsp_weights": torch.ones(4, 2, device="meta")}
+            callback.on_train_batch_end(trainer, None, None, meta, 0)
+        assert callback._local is not None and callback._local.device.type == "meta"
+        assert callback.samples == 0
+        callback._local = None  # the step's last micro-batch, on the CPU: read at the boundary
+        trainer.strategy = SimpleNamespace(reduce=lambda t, reduce_op: t)
+        module = SimpleNamespace(device=torch.device("cpu"))
+        for weights in (torch.ones(4, 2), torch.tensor([[1.0, 0.0]] * 4)):
+            callback.on_train_batch_end(trainer, module, None, {"nsp_weights": weights}, 0)
+            trainer.global_step += 1
+        assert callback.samples == 8 + 4 and callback._local is None
+    finally:
+        callback._close()

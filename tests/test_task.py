@@ -270,6 +270,8 @@ def test_train_metrics_are_the_steps_micro_batches_exactly():
     nsp_hits = sum(float(o["nsp_correct"]) for o in outs)
     assert got["train/nsp_acc"] == pytest.approx(nsp_hits / 8, abs=1e-7)
     assert got["train/loss"] == pytest.approx(float(outs[0]["loss"] + outs[1]["loss"]) / 2)
+    # the progress bar's copy (held on the host between logging steps) is the same number
+    assert trainer.progress_bar_metrics["train/loss"] == got["train/loss"]
     assert got["train/mlm_loss"] == pytest.approx(
         float(outs[0]["mlm_loss"] + outs[1]["mlm_loss"]) / 2
     )

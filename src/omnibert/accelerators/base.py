@@ -136,6 +136,11 @@ class AcceleratorPlugin:
         """Refuse (:class:`AcceleratorError`, one sentence) gradient accumulation this backend
         cannot run as configured (before compute; the batch plan decides the count)."""
 
+    def check_attention(self, configured: str, backends: tuple[str, ...]) -> None:
+        """Refuse (:class:`AcceleratorError`, one sentence) attention kernels this backend
+        cannot run as configured: ``backends`` are what ``model.config.attention=configured``
+        resolves to in training and in evaluation (before compute)."""
+
     def loop_kwargs(
         self,
         accumulate_grad_batches: int,

@@ -6,10 +6,11 @@ auto`` resolves to ``bf16-mixed`` where the GPU runs bf16 (Ampere or newer), els
 needs loss scaling, so it stays the explicit ``trainer=fp16``); the model's forward is compiled
 with static shapes (``dynamic: false``: the batch contract fixes every shape, so training
 compiles once). ``cuda_graphs: true`` compiles in ``reduce-overhead`` mode (inductor's CUDA
-graph trees) and marks each step's start. LAMB runs omnibert's own optimiser, whose ``impl:
-auto`` picks the multi-tensor Triton kernel from ``omnibert_kernels`` on CUDA when Triton
-imports (else the foreach path); the plugin reports which one in the environment report and
-leaves the optimiser config unchanged. Under ``strategy: fsdp`` LAMB sums its per-tensor norms
+graph trees), marks each step's start and keeps the gradient tensors out of the graphs'
+buffers, so gradient accumulation stays exact (:mod:`omnibert.accelerators.cuda_graphs`).
+LAMB runs omnibert's own optimiser, whose ``impl: auto`` picks the multi-tensor Triton kernel
+from ``omnibert_kernels`` on CUDA when Triton imports (else the foreach path); the plugin
+reports which one in the environment report and leaves the optimiser config unchanged. Under ``strategy: fsdp`` LAMB sums its per-tensor norms
 over the shards' ranks (the task hands it FSDP's process group: :mod:`omnibert.optim.sharding`).
 """
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from omnibert.accelerators.base import AcceleratorError, AcceleratorPlugin
 from omnibert.accelerators.cpu import compile_in_place
+from omnibert.accelerators.cuda_graphs import cuda_graph_step_marker
 from omnibert.accelerators.environment import sdk_present
 
 #: torch.compile modes that capture CUDA graphs (inductor's cudagraph trees)
@@ -164,19 +166,36 @@ class GPUPlugin(AcceleratorPlugin):
         return self.compile and (graphs or bool(inductor.get("triton.cudagraphs")))
 
     def check_accumulation(self, accumulate_grad_batches: int) -> None:
-        """CUDA graphs take a step of one micro-batch: torch's CUDA graph trees overwrite the
-        parameter gradients of one micro-batch's backward with the next one's before they are
-        summed (pytorch/pytorch#169545, seen on an H200 with torch 2.11)."""
-        if self.uses_cuda_graphs and accumulate_grad_batches > 1:
+        """CUDA graphs accumulate gradients soundly where the task owns the gradient tensors
+        (:mod:`omnibert.accelerators.cuda_graphs`: each backward adds into them in place and
+        never keeps a graph's output); FSDP keeps its sharded parameters' gradients itself,
+        so that combination is refused."""
+        if self.uses_cuda_graphs and accumulate_grad_batches > 1 and self.strategy == "fsdp":
             raise AcceleratorError(
-                f"accelerator.cuda_graphs=true cannot accumulate gradients over "
-                f"{accumulate_grad_batches} micro-batches per step (torch's CUDA graphs overwrite "
-                "each micro-batch's gradients with the next one's); make micro_batch_size x "
-                "devices the whole phase.global_batch_size, or set accelerator.cuda_graphs=false."
+                f"accelerator.cuda_graphs=true with accelerator.strategy=fsdp cannot accumulate "
+                f"gradients over {accumulate_grad_batches} micro-batches per step (FSDP keeps "
+                "the gradients of its sharded parameters itself, so they cannot be kept out of "
+                "the CUDA graphs' output buffers); make micro_batch_size x devices the whole "
+                "phase.global_batch_size, use accelerator.strategy=ddp, or set "
+                "accelerator.cuda_graphs=false."
+            )
+
+    def check_attention(self, configured: str, backends: tuple[str, ...]) -> None:
+        """CUDA graphs replay fixed shapes; ``varlen`` runs on each batch's real tokens, a count
+        the graph reads on the device, so inductor would run that graph without CUDA graphs
+        (it disables them for data-dependent sizes): refused rather than silently not applied."""
+        if self.uses_cuda_graphs and "varlen" in backends:
+            chosen = "" if configured == "varlen" else f" ({configured}'s choice here)"
+            raise AcceleratorError(
+                f"accelerator.cuda_graphs=true replays graphs of fixed shapes, but "
+                f"model.config.attention=varlen{chosen} runs on each batch's real tokens, a "
+                "count known only on the device, so torch would run those graphs without CUDA "
+                "graphs; set model.config.attention=sdpa or accelerator.cuda_graphs=false."
             )
 
     def callbacks(self) -> list[Any]:
-        """With CUDA graphs, a callback that marks where each step begins (module docstring)."""
+        """With CUDA graphs, a callback that marks where each step begins and has the task keep
+        its gradient tensors (:mod:`omnibert.accelerators.cuda_graphs`)."""
         return [cuda_graph_step_marker()] if self.uses_cuda_graphs else []
 
     def kernels(self) -> dict[str, str]:
@@ -242,20 +261,3 @@ def compile_settings(compile: bool, options: dict[str, Any], cuda_graphs: bool) 
         f"not accelerator.compile_options.mode={mode} (or inductor options); remove the mode "
         "(reduce-overhead is used) or set it to max-autotune."
     )
-
-
-def cuda_graph_step_marker() -> Any:
-    """A Lightning callback calling ``torch.compiler.cudagraph_mark_step_begin()`` before each
-    training and validation batch: the outputs of the previous replay may then be overwritten
-    (the step's statistics were already copied out), as the CUDA graph trees documentation
-    asks of training loops."""
-    from lightning.pytorch.callbacks import Callback
-
-    class CUDAGraphStepMarker(Callback):
-        def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
-            torch.compiler.cudagraph_mark_step_begin()
-
-        def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
-            torch.compiler.cudagraph_mark_step_begin()
-
-    return CUDAGraphStepMarker()

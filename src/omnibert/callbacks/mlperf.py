@@ -111,7 +111,7 @@ class MLPerfCompliance(pl.Callback):
         self.next_eval = self.every
         self.evaluations: list[dict[str, float | None]] = []
         self.status: str | None = None
-        self._local = torch.zeros(())
+        self._local: torch.Tensor | None = None  # this step's sequences so far, on the device
         self._step = 0
         self._run_start: float | None = None
         self._run_seconds: float | None = None
@@ -157,13 +157,17 @@ class MLPerfCompliance(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:  # fmt: skip
-        self._local = self._local + batch["nsp_weights"].detach().float().sum().cpu()
+        # summed on the device: the host reads the count once per optimiser step, not per
+        # micro-batch (a read per micro-batch would wait for its forward and backward)
+        counted = batch["nsp_weights"].detach().float().sum()
+        self._local = counted if self._local is None else self._local + counted
         if trainer.global_step == self._step or self.status is not None:
             return  # inside an accumulation group
         self._step = trainer.global_step
-        step_samples = trainer.strategy.reduce(self._local.to(pl_module.device), reduce_op="sum")
+        local = self._local if self._local is not None else torch.zeros((), device=pl_module.device)
+        step_samples = trainer.strategy.reduce(local, reduce_op="sum")
         self.samples += round(float(step_samples))
-        self._local = torch.zeros(())
+        self._local = None
         if self.samples >= self.next_eval:
             while self.next_eval <= self.samples:
                 self.next_eval += self.every

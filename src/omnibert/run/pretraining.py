@@ -30,7 +30,7 @@ from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.config.sections import next_sentence_objective, objective_name
-from omnibert.models.attention import plan_attention
+from omnibert.models.attention import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.batches import check_enough_data, data_and_batches
 from omnibert.run.checkpoint_space import checkpoint_bytes, plan_checkpoint_space
@@ -106,13 +106,16 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     plugin.decide_compile(rows / rate if rate else None, layers)
     plan = plan_run(config, datamodule, batch, precision, clip)
     plugin.check_accumulation(plan.batch.accumulate_grad_batches)
+    configured = str(config.model.fields.get("attention", "auto"))
+    device_type = {"gpu": "cuda"}.get(plugin.name, plugin.name)
+    dropout = float(config.model.fields["attention_probs_dropout_prob"])
     attention = plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
-        str(config.model.fields.get("attention", "auto")),
-        {"gpu": "cuda"}.get(plugin.name, plugin.name),
-        float(config.model.fields["attention_probs_dropout_prob"]),
-        config.phase.max_seq_length,
-        config.model.head_size,
+        configured, device_type, dropout, config.phase.max_seq_length, config.model.head_size
     )
+    plugin.check_attention(configured, tuple(
+        resolve_attention(configured, device_type, active, config.phase.max_seq_length)
+        for active in (dropout > 0.0, False)  # training, evaluation
+    ))  # fmt: skip
     kernels = kernel_choices(plugin, plan.model.to_dict(), config.optimizer, precision, why)
     kernels["attention"] = attention  # the backend the model runs (models.attention)
     plan = dataclasses.replace(

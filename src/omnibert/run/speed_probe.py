@@ -23,6 +23,14 @@ steps below it) and keeps the one with the most rows per second (:func:`choose_f
   their rates either way.
 * The probe changes no random state of the run (its model is built inside a forked RNG).
 
+On CUDA the same candidates (within the GPU's memory rule) are timed on the device: CUDA
+events give a pass's device time, the host clock the time the host took to queue it, and the
+pass counts as the longer of the device time and the host time plus :data:`LOOP_SECONDS`
+(:func:`overlapped_seconds`: the loop's own work overlaps the device's queue, so a step is
+as slow as the busier of the two). A size that runs out of GPU memory ends the probe (the
+memory estimate was optimistic there); the sizes below it stand. The cache key then names the
+GPU and this way of timing.
+
 With ``torch.compile`` on, the passes run eagerly (compiling each candidate would take minutes);
 the ranking of sizes is the eager one, which the plan says.
 """
@@ -30,27 +38,30 @@ the ranking of sizes is the eager one, which the plan says.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from omnibert.run.memory import largest_micro_batch
+from omnibert.run.plan import TrainConfigError
+from omnibert.run.probe_cache import cache_file, cache_key, device_name, read_cache, write_cache
 
 __all__ = [
     "BUDGET_S",
+    "CUDA_TIMING",
     "TOLERANCE",
     "ProbeResult",
+    "TooLarge",
     "cache_file",
+    "cache_key",
     "candidate_sizes",
     "choose_fastest",
+    "overlapped_seconds",
     "probe_batch",
     "probe_micro_batch",
 ]
@@ -71,8 +82,29 @@ MIN_TIMED_S = 0.25
 MAX_PASSES = 3
 #: the smallest candidate below the largest that fits
 MIN_SIZE = 4
-#: the cache file's name under the cache folder
-CACHE_NAME = "micro_batch_probe.json"
+#: how a pass is timed on CUDA, as the plan says it (:func:`overlapped_seconds`)
+CUDA_TIMING = (
+    "timed on the GPU with CUDA events: a pass counts its device time, or the host's time to "
+    f"queue it plus {LOOP_SECONDS * 1e3:.0f} ms of loop work where that is longer"
+)
+#: a CUDA out-of-memory error (compat: torch.OutOfMemoryError, torch >= 2.5; before, torch.cuda's)
+OUT_OF_MEMORY: type[Exception] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+class TooLarge(RuntimeError):
+    """A pass at ``size`` rows ran out of device memory."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"out of memory at micro batch {size}")
+        self.size = size
+
+
+def overlapped_seconds(device_s: float, host_s: float, loop_s: float = LOOP_SECONDS) -> float:
+    """A micro-batch's seconds in the training loop on an asynchronous device: the host queues
+    the pass (``host_s``) and goes on with the loop's own work (``loop_s``) while the device
+    runs the queue (``device_s``, measured from the pass's first queued kernel): the longer of
+    the two sets the pace."""
+    return max(device_s, host_s + loop_s)
 
 
 @dataclass(frozen=True)
@@ -85,19 +117,38 @@ class ProbeResult:
     untried: tuple[int, ...] = ()
     cached: str | None = None
     note: str = ""
+    #: why the untried sizes were not timed
+    stopped: str = ""
+    #: how a pass was timed, where not by the host's clock around it (CUDA: CUDA_TIMING)
+    timing: str = ""
+
+    @property
+    def why(self) -> str:
+        """Why :attr:`size` won, in words."""
+        best_size, best = max(self.rates, key=lambda r: r[1])
+        if dict(self.rates).get(self.size, 0.0) >= best:
+            return f"{self.size} ran the most rows/s"
+        return (
+            f"{self.size} ran within {TOLERANCE:.0%} of the fastest ({best_size}) and is the "
+            "largest that did"
+        )
 
     def describe(self) -> str:
         rates = ", ".join(f"{size} → {rate:,.1f}" for size, rate in self.rates)
-        text = f"the fastest measured (rows/s: {rates})"
+        text = f"the fastest measured (rows/s: {rates}): {self.why}"
         if self.untried:
             text += f"; not timed: {', '.join(map(str, self.untried))}"
+            text += f" ({self.stopped})" if self.stopped else ""
+        if self.timing:
+            text += f"; {self.timing}"
         if self.cached:
             text += f"; cached in {self.cached}"
         return text + (f"; {self.note}" if self.note else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"size": self.size, "rates": [list(r) for r in self.rates],
-                "untried": list(self.untried)}  # fmt: skip
+                "untried": list(self.untried), "why": self.why, "stopped": self.stopped,
+                "timing": self.timing}  # fmt: skip
 
 
 def candidate_sizes(limit: int, per_device: int, packed: bool, count: int = 4) -> list[int]:
@@ -124,24 +175,38 @@ def choose_fastest(
     backward at that size; it may take a warm-up pass and several timed ones) and pick the
     size with the most rows per second, each pass counted with ``loop_seconds`` of the
     training loop's own per-micro-batch time (module docstring: the stop rules and the
-    tolerance)."""
+    tolerance). ``seconds_per_pass`` raises :class:`TooLarge` for a size that does not fit:
+    the probe ends there (raised on when it is the smallest)."""
     ordered = sorted(set(candidates))
     start = clock()
     rates: list[tuple[int, float]] = []
     last_pass = 0.0
     untried: list[int] = []
+    stopped = ""
     for i, size in enumerate(ordered):
         if rates:
             projected = last_pass * size / rates[-1][0] * 2  # a warm-up and a timed pass
             best = max(rate for _, rate in rates)
-            if rates[-1][1] < best * (1 - FALLING) or clock() - start + projected > budget_s:
+            if rates[-1][1] < best * (1 - FALLING):
+                stopped = f"{rates[-1][0]} ran over {FALLING:.0%} slower than the best"
+            elif clock() - start + projected > budget_s:
+                stopped = f"projected past the {budget_s:g} s budget"
+            if stopped:
                 untried = ordered[i:]
                 break
-        last_pass = max(seconds_per_pass(size), 1e-9)
+        try:
+            last_pass = max(seconds_per_pass(size), 1e-9)
+        except TooLarge:
+            if not rates:
+                raise
+            untried, stopped = ordered[i:], f"out of memory at {size}"
+            break
         rates.append((size, size / (last_pass + loop_seconds)))
     best = max(rate for _, rate in rates)
     size = max(s for s, rate in rates if rate >= best * (1 - TOLERANCE))
-    return ProbeResult(size, tuple((s, round(r, 3)) for s, r in rates), tuple(untried))
+    return ProbeResult(
+        size, tuple((s, round(r, 3)) for s, r in rates), tuple(untried), stopped=stopped
+    )
 
 
 def probe_batch(
@@ -175,54 +240,6 @@ def probe_batch(
     return {k: v.contiguous().to(device) for k, v in row.items()}
 
 
-def cache_file() -> Path:
-    """``$OMNIBERT_CACHE_DIR``, else ``$XDG_CACHE_HOME/omnibert``, else
-    ``~/.cache/omnibert``, then :data:`CACHE_NAME`."""
-    root = os.environ.get("OMNIBERT_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = str(Path(base) / "omnibert")
-    return Path(root) / CACHE_NAME
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda {torch.cuda.get_device_name(device)}"
-    if device.type != "cpu":
-        return device.type
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"cpu {line.split(':', 1)[1].strip()}"
-    return "cpu"
-
-
-def _read_cache(path: Path, key: str) -> dict[str, Any] | None:
-    try:
-        entry = json.loads(path.read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("size"), int) else None
-
-
-def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> str | None:
-    """Add ``entry`` under ``key``; the reason in words when the cache cannot be written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            table = json.loads(path.read_text())
-            table = table if isinstance(table, dict) else {}
-        except (OSError, ValueError):
-            table = {}
-        table[key] = entry
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        temporary.replace(path)
-    except OSError as err:
-        return f"not cached ({path}: {err.strerror or err})"
-    return None
-
-
 def _autocast(device: torch.device, precision: str) -> Any:
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     if dtype is None:
@@ -239,26 +256,55 @@ def _timer(
     model: torch.nn.Module, shapes: Mapping[str, Sequence[int]], vocab: int,
     device: torch.device, precision: str,
 ) -> Callable[[int], float]:  # fmt: skip
-    """``seconds_per_pass(size)``: one warm-up pass, then timed passes (the fastest counts)."""
+    """``seconds_per_pass(size)``: one warm-up pass, then timed passes (the fastest counts);
+    on CUDA each pass is :func:`overlapped_seconds` of its CUDA-event and host times, and a
+    size that runs out of memory raises :class:`TooLarge`."""
+
+    def forward_backward(batch: dict[str, Tensor]) -> None:
+        with _autocast(device, precision):
+            loss = model(batch)["loss"]
+        loss.backward()
 
     def one_pass(batch: dict[str, Tensor]) -> float:
         _sync(device)
         begin = time.perf_counter()
-        with _autocast(device, precision):
-            loss = model(batch)["loss"]
-        loss.backward()
+        forward_backward(batch)
         _sync(device)
         elapsed = time.perf_counter() - begin
         model.zero_grad(set_to_none=True)
         return elapsed
 
+    def one_cuda_pass(batch: dict[str, Tensor]) -> float:
+        _sync(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin = time.perf_counter()
+        start.record()
+        forward_backward(batch)
+        end.record()
+        host = time.perf_counter() - begin  # queued, not waited for
+        end.synchronize()
+        model.zero_grad(set_to_none=True)
+        return overlapped_seconds(start.elapsed_time(end) / 1e3, host)
+
+    timed = one_cuda_pass if device.type == "cuda" else one_pass
+
     def seconds_per_pass(size: int) -> float:
-        batch = probe_batch(shapes, size, vocab, device)
-        one_pass(batch)  # warm-up: allocations, kernel selection
         times: list[float] = []
-        while len(times) < MAX_PASSES and (not times or sum(times) < MIN_TIMED_S):
-            times.append(one_pass(batch))
-        return min(times)
+        try:
+            batch = probe_batch(shapes, size, vocab, device)
+            timed(batch)  # warm-up: allocations, kernel selection
+            while len(times) < MAX_PASSES and (not times or sum(times) < MIN_TIMED_S):
+                times.append(timed(batch))
+        except OUT_OF_MEMORY:
+            pass
+        else:
+            return min(times)
+        # out of the handler, whose traceback held the pass's tensors: free them, then say so
+        del batch
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise TooLarge(size)
 
     return seconds_per_pass
 
@@ -278,34 +324,37 @@ def probe_micro_batch(
     ``device`` and choose the fastest (:func:`choose_fastest`), or read the cached choice."""
     from omnibert.models import BertForPreTraining
 
-    key_facts = {
-        "model": model_config.to_dict(),
-        "shapes": {k: list(v)[1:] for k, v in shapes.items()},
-        "precision": precision,
-        "device": _device_name(device),
-        "threads": torch.get_num_threads() if device.type == "cpu" else None,
-        "torch": torch.__version__,
-        "candidates": sorted(set(candidates)),
-        "budget_s": budget_s,
-    }
-    key = hashlib.sha256(json.dumps(key_facts, sort_keys=True).encode()).hexdigest()[:24]
+    key, key_facts = cache_key(model_config, shapes, precision, device, candidates, budget_s)
     path = cache_file()
     note = "timed eagerly (compile is on)" if compiled else ""
-    if use_cache and (entry := _read_cache(path, key)) is not None:
+    timing = CUDA_TIMING if device.type == "cuda" else ""
+    if use_cache and (entry := read_cache(path, key)) is not None:
         rates = tuple((int(s), float(r)) for s, r in entry.get("rates", []))
         untried = tuple(int(s) for s in entry.get("untried", []))
-        return ProbeResult(int(entry["size"]), rates, untried, str(path), note)
+        stopped = str(entry.get("stopped", ""))
+        return ProbeResult(int(entry["size"]), rates, untried, str(path), note, stopped, timing)
     fork = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork):
         model = BertForPreTraining(model_config)
         dtype = {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision)
         model = model.to(device=device, dtype=dtype).train()
         timer = _timer(model, shapes, model_config.vocab_size, device, precision)
-        result = choose_fastest(candidates, timer, budget_s)
+        # on CUDA the loop's own time is inside each pass's figure (overlapped_seconds)
+        loop = 0.0 if device.type == "cuda" else LOOP_SECONDS
+        try:
+            result = choose_fastest(candidates, timer, budget_s, loop_seconds=loop)
+        except TooLarge as err:
+            raise TrainConfigError(
+                f"the micro-batch speed probe ran out of memory on {device_name(device)} at "
+                f"micro batch {err.size}, the smallest size the memory estimate allows here "
+                f"(of {', '.join(map(str, sorted(set(candidates))))}); set micro_batch_size to "
+                "a smaller size that divides the per-device batch, or a lower memory_fraction."
+            ) from None
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    result = dataclasses.replace(result, timing=timing)
     entry = {**result.to_dict(), "key": key_facts, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-    failed = _write_cache(path, key, entry) if use_cache else None
+    failed = write_cache(path, key, entry) if use_cache else None
     note = "; ".join(n for n in (note, failed) if n)
-    return ProbeResult(result.size, result.rates, result.untried, None, note)
+    return dataclasses.replace(result, note=note)

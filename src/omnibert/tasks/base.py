@@ -40,6 +40,33 @@ class TrainingTask(pl.LightningModule):
     model: torch.nn.Module
     #: FSDP1's process group when the parameters are shards (LAMB sums its norms over it)
     _shard_group: Any = None
+    #: every trainable parameter keeps a gradient tensor of its own: one is made before a
+    #: backward that finds none, and gradients are zeroed in place between optimiser steps, so
+    #: backward always adds into ``.grad`` and never adopts its output tensor; set by the CUDA
+    #: graphs callback (omnibert.accelerators.cuda_graphs: a replayed graph rewrites its
+    #: outputs, and an adopted one would lose the micro-batches accumulated so far)
+    keep_gradient_buffers: bool = False
+    _trainable: list[torch.nn.Parameter] | None = None
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        if self.keep_gradient_buffers:
+            self.own_gradients()
+
+    def own_gradients(self) -> None:
+        """A zero ``.grad`` for every trainable parameter that has none (see
+        :attr:`keep_gradient_buffers`)."""
+        if self._trainable is None:
+            self._trainable = [p for p in self.parameters() if p.requires_grad]
+        for param in self._trainable:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Lightning's ``optimizer.zero_grad()``; in place with :attr:`keep_gradient_buffers`."""
+        if self.keep_gradient_buffers:
+            optimizer.zero_grad(set_to_none=False)
+        else:
+            optimizer.zero_grad()
 
     def configured_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Called with the optimiser once it is built (a task adds its own setup)."""

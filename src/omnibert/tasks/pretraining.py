@@ -6,7 +6,8 @@ with :meth:`PretrainingTask.load_from_checkpoint` and opens with
 ``torch.load(path, weights_only=True)``; ``state_dict`` keys are ``"model." + <HF name>``.
 
 Metrics (Lightning logging steps only, aggregated over the optimiser step's micro-batches and
-summed over ranks with one collective): ``train/loss``, ``train/mlm_loss``, ``train/nsp_loss``
+summed over ranks with one collective; nothing is read on the host inside a step, and the
+progress bar's ``train/loss`` is kept on the host, read once per logging step): ``train/loss``, ``train/mlm_loss``, ``train/nsp_loss``
 (means of the micro-batch losses the optimiser minimised), ``train/mlm_acc``, ``train/nsp_acc``
 (exact: correct / count over the step's predictions), ``train/grad_norm`` (global L2 norm of
 the accumulated gradient before any clipping in the optimiser, one ``foreach`` pass) and
@@ -224,6 +225,7 @@ class PretrainingTask(TrainingTask):
         return loss
 
     def on_before_backward(self, loss: Tensor) -> None:
+        super().on_before_backward(loss)  # the gradient tensors first: the clipper sets them aside
         if self.clipper is not None:
             self.clipper.before_backward()
 
@@ -256,7 +258,11 @@ class PretrainingTask(TrainingTask):
         if self.next_sentence:
             metrics["train/nsp_loss"] = s["nsp_loss"] / s["n"]
             metrics["train/nsp_acc"] = s["nsp_correct"] / s["nsp_count"].clamp(min=1.0)
-        self.log("train/loss", s["loss"] / s["n"], on_step=True, on_epoch=False, prog_bar=True)
+        # on the host: Lightning turns progress-bar values into numbers after every micro-batch
+        # (a device tensor would make each one wait for the device); read once here, where the
+        # logging step reads its metrics anyway
+        loss = (s["loss"] / s["n"]).cpu()
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         self.log_dict(metrics, on_step=True, on_epoch=False)
 
     def last_step_loss(self) -> float | None:
