@@ -128,9 +128,11 @@ GPU_PATH_MODULES = (
     "omnibert.apps.train", "omnibert.apps.compose", "omnibert.run.pretraining",
     "omnibert.tasks.pretraining", "omnibert.data.datamodule", "omnibert.accelerators.gpu",
     "omnibert.callbacks.checkpoint", "omnibert.callbacks.throughput", "omnibert.optim",
+    "omnibert.accelerators.float8", "torchao.float8",  # trainer.precision=fp8 (lazy import)
     "omnibert_kernels.lamb_triton", "omnibert_kernels.lamb_triton_jit",
-    "test_gpu", "test_attention", "test_lamb_triton", "test_lamb_sharded", "dynamo_counts",
-    "bench_gpu", "bench_lamb", "gpu_probe", "transformers.models.bert.modeling_bert",
+    "test_gpu", "test_fp8_gpu", "test_attention", "test_lamb_triton", "test_lamb_sharded",
+    "dynamo_counts", "bench_gpu", "bench_fp8", "bench_lamb", "gpu_probe",
+    "transformers.models.bert.modeling_bert",
 )  # fmt: skip
 
 #: run with ``-X importtime`` (the import tree on stderr): prints each module's distribution

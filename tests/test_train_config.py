@@ -106,6 +106,8 @@ REFUSED = {
     ("optimizer", "lamb_habana"): "optimizer=lamb_habana is Intel Gaudi's FusedLamb",
     ("optimizer", "lamb_poptorch"): "optimizer=lamb_poptorch is Graphcore's poptorch",
     ("trainer", "fp16"): "trainer.precision=16-mixed is not supported by accelerator=cpu",
+    # runs emulated on the CPU with trainer.fp8.emulate=true (tests/test_fp8.py)
+    ("trainer", "fp8"): "trainer.precision=fp8 needs a CUDA GPU of compute capability 8.9",
 }
 #: what an option needs besides its name to run on CPU in seconds
 EXTRA = {

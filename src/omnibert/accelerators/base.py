@@ -27,6 +27,17 @@ class AcceleratorError(UserError):
     """The selected accelerator cannot run here: one sentence naming what is missing and the fix."""
 
 
+#: ``trainer.precision=fp8`` (omnibert's, not Lightning's: :mod:`omnibert.accelerators.float8`;
+#: ``omnibert.config.sections.FP8`` spells it too, the config layer importing no torch)
+FP8 = "fp8"
+
+
+def lightning_precision(precision: str) -> str:
+    """The Lightning precision (and autocast) a run of ``precision`` trains in: ``fp8`` is
+    bf16 autocast (``bf16-mixed``) around torchao's fp8 matmuls; the others are Lightning's."""
+    return "bf16-mixed" if str(precision) == FP8 else str(precision)
+
+
 class AcceleratorPlugin:
     """Base plugin: one process per device, Lightning's own loop, no vendor SDK.
 
@@ -48,6 +59,11 @@ class AcceleratorPlugin:
     samples_as_planned = True
     #: precisions (Lightning spelling) this backend runs; others stop before any compute
     precisions: tuple[str, ...] = ("32-true", "32", "bf16-mixed", "bf16-true")
+    #: what this backend's devices are, for sentences ("... and this run's device is the CPU")
+    device_kind = "the CPU"
+    #: whether ``trainer.fp8.emulate=true`` can run here: torchao's emulated fp8 maths in eager
+    #: or ``torch.compile``d torch (not inside a vendor graph compiler)
+    fp8_emulation = True
 
     def __init__(
         self,
@@ -105,6 +121,11 @@ class AcceleratorPlugin:
                 f"use one of {', '.join(self.precisions)}."
             )
 
+    def fp8_unsupported(self) -> str | None:
+        """Why this backend's devices cannot run fp8 matmuls (torchao's float8 training needs
+        CUDA compute capability 8.9 or newer), naming the device; ``None`` where they can."""
+        return f"{self.device_kind} (accelerator={self.name})"
+
     def decide_compile(self, run_seconds: float | None, layers: int) -> None:
         """Settle an automatic ``accelerator.compile`` from the run's projected eager length
         (``None``: not measured); backends without one keep their setting."""
@@ -121,7 +142,12 @@ class AcceleratorPlugin:
 
         The app passes them to ``instantiate(cfg.trainer, ...)``, so they override the
         trainer config's interpolated values; ``plugins`` is a list the app extends.
+        ``fp8`` trains in Lightning's ``bf16-mixed`` (:func:`lightning_precision`) and
+        validates under ``torch.no_grad`` instead of ``torch.inference_mode``: torchao's fp8
+        tensors cannot take autocast's casts inside inference mode (``aten.to.dtype``).
         """
+        fp8 = str(precision) == FP8
+        precision = lightning_precision(precision)
         self.check_precision(precision)
         return {
             "accelerator": self.accelerator,
@@ -130,6 +156,7 @@ class AcceleratorPlugin:
             "strategy": self.strategy,
             "precision": precision,
             "plugins": [],
+            **({"inference_mode": False} if fp8 else {}),
         }
 
     def check_accumulation(self, accumulate_grad_batches: int) -> None:
@@ -223,9 +250,11 @@ class AcceleratorPlugin:
         """Where a lazily traced backend must cut and run its graph (HPU lazy mode)."""
 
     def autocast(self, precision: str) -> Any:
-        """The autocast context a step runs in for ``precision`` (Lightning's spelling)."""
+        """The autocast context a step runs in for ``precision`` (Lightning's spelling, or
+        ``fp8``: bf16 autocast)."""
         import contextlib
 
+        precision = lightning_precision(precision)
         if str(precision) in ("bf16-mixed", "16-mixed"):
             dtype = torch.bfloat16 if str(precision).startswith("bf16") else torch.float16
             return torch.autocast(self.device.type, dtype=dtype)

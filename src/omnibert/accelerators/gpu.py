@@ -28,6 +28,8 @@ from omnibert.accelerators.cpu import compile_in_place
 from omnibert.accelerators.cuda_graphs import cuda_graph_step_marker
 from omnibert.accelerators.environment import sdk_present
 
+#: the first compute capability with fp8 tensor cores (Ada Lovelace sm_89; Hopper is 9.0)
+FP8_CAPABILITY = (8, 9)
 #: torch.compile modes that capture CUDA graphs (inductor's cudagraph trees)
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
 #: optimisers correct on FSDP shards: elementwise updates, and omnibert's LAMB, which sums
@@ -114,8 +116,21 @@ class GPUPlugin(AcceleratorPlugin):
             "loss scaling)"
         )
 
+    def fp8_unsupported(self) -> str | None:
+        """``None`` on a GPU of compute capability 8.9 or newer (fp8 tensor cores: Ada,
+        Hopper, Blackwell), else the GPU with its capability (or that torch sees none)."""
+        if not self._cuda():
+            return "no CUDA GPU (torch.cuda.is_available() is False)"
+        index = torch.cuda.current_device()
+        capability = torch.cuda.get_device_capability(index)
+        if tuple(capability) >= FP8_CAPABILITY:
+            return None
+        name = torch.cuda.get_device_name(index)
+        return f"{name}, compute capability {capability[0]}.{capability[1]}"
+
     def trainer_kwargs(self, precision: str) -> dict[str, Any]:
         kwargs = super().trainer_kwargs(precision)
+        precision = kwargs["precision"]  # fp8 trains in bf16-mixed
         if str(precision).startswith("bf16") and not torch.cuda.is_bf16_supported():
             raise AcceleratorError(
                 f"trainer.precision={precision} needs a GPU with bf16 (Ampere or newer); use "

@@ -46,6 +46,8 @@ class HPUPlugin(AcceleratorPlugin):
 
     name = "hpu"
     precisions = ("32-true", "32", "bf16-mixed")
+    device_kind = "an Intel Gaudi HPU"
+    fp8_emulation = False  # torchao's float8 tensors inside Habana's graph modes: never run
 
     def __init__(
         self,

@@ -68,6 +68,8 @@ class IPUPlugin(AcceleratorPlugin):
     name = "ipu"
     samples_as_planned = False
     precisions = ("32-true", "32", "16-true")
+    device_kind = "a Graphcore IPU"
+    fp8_emulation = False  # poptorch compiles its own graph: torchao's float8 tensors never run
 
     def __init__(
         self,

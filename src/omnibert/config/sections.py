@@ -21,6 +21,7 @@ __all__ = [
     "Accelerator",
     "Checkpointing",
     "ConfigError",
+    "Float8Settings",
     "MLPerf",
     "Model",
     "Paths",
@@ -161,7 +162,53 @@ class Accelerator:
 #: what ``trainer.nonfinite`` may be (docs/faults.md#non-finite-losses-and-gradients)
 NONFINITE_POLICIES = ("skip", "stop")
 #: ``trainer`` keys that are omnibert's, not Lightning's: kept out of the Trainer's arguments
-OMNIBERT_TRAINER_KEYS = ("nonfinite", "nonfinite_max_consecutive", "stop_within_s")
+OMNIBERT_TRAINER_KEYS = ("nonfinite", "nonfinite_max_consecutive", "stop_within_s", "fp8")
+#: ``trainer.precision`` of torchao's float8 training (bf16 autocast around fp8 matmuls)
+FP8 = "fp8"
+#: ``trainer.fp8.recipe``: torchao's scaling recipes (``Float8LinearRecipeName`` values)
+FP8_RECIPES = ("tensorwise", "rowwise")
+
+
+@dataclass(frozen=True)
+class Float8Settings:
+    """``trainer.fp8``: how ``trainer.precision=fp8`` scales its fp8 casts (``recipe``) and
+    whether it emulates the fp8 matmuls in higher precision on any device (``emulate``: for
+    numerics checks; :mod:`omnibert.accelerators.float8`)."""
+
+    recipe: str = "tensorwise"
+    emulate: bool = False
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any] | None, precision: str) -> Float8Settings:
+        values = dict(values or {})
+        unknown = sorted(set(values) - {"recipe", "emulate"})
+        if unknown:
+            raise ConfigError(
+                f"trainer.fp8.{unknown[0]} is not a key of trainer.fp8 (recipe, emulate); "
+                f"remove it."
+            )
+        settings = cls(str(values.get("recipe", "tensorwise")), values.get("emulate", False))
+        if settings.recipe not in FP8_RECIPES:
+            raise ConfigError(
+                f"trainer.fp8.recipe={settings.recipe!r} is not one of "
+                f"{', '.join(FP8_RECIPES)}; fix trainer.fp8.recipe."
+            )
+        if not isinstance(settings.emulate, bool):
+            raise ConfigError(
+                f"trainer.fp8.emulate={settings.emulate!r} must be true or false; fix "
+                "trainer.fp8.emulate."
+            )
+        if precision != FP8 and settings != cls():
+            changed = next(
+                f"trainer.fp8.{f.name}={str(getattr(settings, f.name)).lower()}"
+                for f in dataclasses.fields(cls)
+                if getattr(settings, f.name) != f.default
+            )
+            raise ConfigError(
+                f"{changed} applies to trainer.precision=fp8 only, and this run's is "
+                f"trainer.precision={precision}; set trainer.precision=fp8 or drop {changed}."
+            )
+        return settings
 
 
 @dataclass(frozen=True)
@@ -180,6 +227,8 @@ class Trainer:
     nonfinite_max_consecutive: int = 10
     #: seconds from SIGTERM / SIGINT to the end of the process
     stop_within_s: float = 20.0
+    #: ``trainer.fp8``: the recipe and emulation of ``precision=fp8``
+    fp8: Float8Settings = Float8Settings()
 
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_POLICIES:
@@ -207,6 +256,7 @@ class Trainer:
             str(values.get("nonfinite", "skip")),
             values.get("nonfinite_max_consecutive", 10),
             _seconds("trainer.stop_within_s", values.get("stop_within_s", 20.0)),
+            Float8Settings.of(values.get("fp8"), str(values.get("precision"))),
         )
 
 

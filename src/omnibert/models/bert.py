@@ -215,7 +215,9 @@ class BertSelfAttention(nn.Module):
     """Multi-head attention on HF's separate ``query``/``key``/``value`` parameters.
 
     Q, K and V run as one GEMM on the concatenated weights (fewer, larger GEMMs; measured
-    neutral on a 2-core CPU, where the GEMMs are large anyway). With ``queries`` (the hidden states
+    neutral on a 2-core CPU, where the GEMMs are large anyway) while they are plain
+    ``nn.Linear``; a subclass swapped in (torchao's ``Float8Linear`` under
+    ``trainer.precision=fp8``) runs its own forward, one projection each. With ``queries`` (the hidden states
     of a subset of rows) only those rows attend, over all keys: the last layer of the
     pretraining forward needs no other row.
     """
@@ -244,7 +246,11 @@ class BertSelfAttention(nn.Module):
         rotary: Rotary | None = None,
     ) -> Tensor:
         q, k, v = self.query, self.key, self.value
-        if queries is None:
+        if not all(type(m) is nn.Linear for m in (q, k, v)):  # swapped (fp8): their forwards
+            (query,) = self._heads(q(hidden_states if queries is None else queries), 1)
+            (key,) = self._heads(k(hidden_states), 1)
+            (value,) = self._heads(v(hidden_states), 1)
+        elif queries is None:
             qkv = F.linear(
                 hidden_states,
                 torch.cat((q.weight, k.weight, v.weight)),

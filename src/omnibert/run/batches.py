@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from omnibert.accelerators.base import lightning_precision
 from omnibert.config import TrainConfig
 from omnibert.run.checkpoints import resolve_ckpt_path, saved_sampler_state
 from omnibert.run.checks import resolve_clipping, resolve_vocab_size
@@ -54,7 +55,8 @@ def data_and_batches(
         "nsp_labels": [1, datamodule.packing.sequences_per_row_max],
     }
     device = device if device is not None else torch.device("cpu")
-    precision = precision or config.trainer.precision
+    # fp8 sizes and times its micro batch as the bf16 autocast it runs in
+    precision = lightning_precision(precision or config.trainer.precision)
     per_device = max(1, phase.global_batch_size // world)
     resumed = None if requested is not None else resumed_micro_batch(config)
     choice = choose_micro_batch(

@@ -38,6 +38,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from omnibert.accelerators.base import lightning_precision
+from omnibert.accelerators.float8 import convert_to_float8
 from omnibert.compat import flop_counter_name, seed_everything
 from omnibert.models import BertForPreTraining
 from omnibert.optim.build import build_optimizer
@@ -115,12 +117,11 @@ def compile_only(prepared: Any, output_dir: Path | None) -> dict[str, Any]:
     to ``output_dir``."""
     plan, datamodule, plugin = prepared.plan, prepared.datamodule, prepared.plugin
     start = time.perf_counter()
-    plugin.check_precision(plan.precision)
+    autocast = lightning_precision(plan.precision)  # fp8: bf16 autocast around fp8 matmuls
+    plugin.check_precision(autocast)
     shapes = datamodule.describe()["shapes"]
     config = plan.model
-    counted = estimate(
-        config, shapes, plan.precision, plan.clip_grad_per_micro_batch, plugin.device.type
-    )
+    counted = estimate(config, shapes, autocast, plan.clip_grad_per_micro_batch, plugin.device.type)
     batch = plan.batch
     report: dict[str, Any] = {
         "model": prepared.config.model.name,
@@ -157,6 +158,8 @@ def compile_only(prepared: Any, output_dir: Path | None) -> dict[str, Any]:
     else:
         seed_everything(prepared.config.seed, workers=False)
         model = BertForPreTraining(config)
+        if plan.float8 is not None:  # trainer.precision=fp8: the step the run would train
+            convert_to_float8(model, plan.float8)
         optimizer = build_optimizer(prepared.config.optimizer, model.named_parameters())
         real = _first_batch(datamodule)
         # IPU: the device-side gradient accumulation sizes the compiled combined batch

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from omnibert import stopping
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.base import FP8, lightning_precision
+from omnibert.accelerators.float8 import check_float8, convert_to_float8, plan_float8
 from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
@@ -81,6 +84,8 @@ class FinetunePlan:
     ckpt_path: str | None
     precision: str
     kernels: dict[str, str]
+    #: trainer.precision=fp8's layers and recipe (accelerators.float8.Float8Plan; None: not fp8)
+    float8: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,7 +113,8 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
     plugin = build_plugin(config.accelerator.node.plain())
     check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     precision, why = plugin.resolve_precision(config.trainer.precision)
-    plugin.check_precision(precision)
+    torchao = check_float8(plugin, config.trainer.fp8.emulate) if precision == FP8 else None
+    plugin.check_precision(lightning_precision(precision))
     if plugin.name == "ipu":
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
@@ -134,6 +140,12 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
         )
     tokenizer = build_tokenizer(vocab)
     feats = inputs.data.features(inputs.train, tokenizer, recipe, training=True)
+    float8 = None
+    if torchao is not None:  # the task's model on the meta device: which layers run in fp8
+        with torch.device("meta"):
+            model = config.task.build(_recursive_=False)(model_config=source.config.to_dict()).model
+        float8 = plan_float8(config.trainer.fp8, torchao, model)
+        why = f"{float8.describe()}; {why}"
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(len(feats) / (inputs.micro_batch_size * world))
     steps_per_epoch = math.ceil(batches / inputs.accumulate)
@@ -156,6 +168,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
             "optimizer": optimizer_choice(config.optimizer, plugin.device, 0),
             "compile": "off (omnibert-finetune runs the model eagerly)",
         },
+        float8=float8,
     )
     datamodule = FineTuneDataModule(
         feats.tensors, inputs.micro_batch_size, config.seed, config.data.num_workers,
@@ -183,6 +196,8 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
         vocab_file=str(vocab_copy.resolve()),
     )
     new = prepared.init.load_into(task)
+    if plan.float8 is not None:  # trainer.precision=fp8: torchao's Float8Linear in place
+        convert_to_float8(task.model, plan.float8)
     callbacks = build_callbacks(config, float(plan.global_batch_size))
     loggers = build_loggers(config.loggers, {"config": dict(config.raw), "plan": plan.to_dict()})
     micro_batches = -(-len(prepared.datamodule.dataset) // plan.micro_batch_size)

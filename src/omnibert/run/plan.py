@@ -150,6 +150,9 @@ class TrainPlan:
     attention: str = ""
     #: checkpoint size × how many at once against the free space (run.checkpoint_space)
     checkpoint_space: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: trainer.precision=fp8: recipe, emulation, torchao's version, the Linear layers in fp8
+    #: and those kept in bf16 with why (accelerators.float8.Float8Plan; None: not fp8)
+    float8: Any = None
     #: the architecture, vocab size resolved (a BertConfig; not in to_dict: model.config has it)
     model: Any = dataclasses.field(default=None, metadata={"internal": True})
     #: the initial weights, checked (run.init_from.PretrainingInit; init_from names them)

@@ -16,9 +16,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.base import FP8, lightning_precision
+from omnibert.accelerators.float8 import check_float8, convert_to_float8, plan_float8
 from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks import PretrainingThroughput
 from omnibert.callbacks.mlperf import (
@@ -30,6 +33,7 @@ from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.config.sections import next_sentence_objective, objective_name
+from omnibert.models import BertForPreTraining
 from omnibert.models.attention import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.batches import check_enough_data, data_and_batches
@@ -91,12 +95,16 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     plugin.check_optimizer(config.optimizer)  # an optimiser this backend cannot run
     precision, why = plugin.resolve_precision(config.trainer.precision)
-    plugin.check_precision(precision)
+    # fp8: the device and torchao checked now (one sentence, exit 2); it trains in bf16-mixed
+    torchao = check_float8(plugin, config.trainer.fp8.emulate) if precision == FP8 else None
+    plugin.check_precision(lightning_precision(precision))
     clip = resolve_clipping(config.clip_grad_per_micro_batch, config.optimizer)
     workers = int(config.data.get("num_workers") or 0)
     plugin.configure_threads(workers)  # before the speed probe times the model with them
     compiled = bool(getattr(plugin, "compile", False))
-    batch, datamodule, choice = data_and_batches(config, plugin.device, precision, clip, compiled)
+    batch, datamodule, choice = data_and_batches(
+        config, plugin.device, lightning_precision(precision), clip, compiled
+    )
     # again with the rows per second the probe measured: what the loader workers must feed
     rate = dict(choice.probe["rates"]).get(choice.size) if choice.probe else None
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0), rate)
@@ -116,11 +124,16 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
         resolve_attention(configured, device_type, active, config.phase.max_seq_length)
         for active in (dropout > 0.0, False)  # training, evaluation
     ))  # fmt: skip
+    float8 = None
+    if torchao is not None:  # which Linear layers run in fp8 (names and shapes: meta device)
+        with torch.device("meta"):
+            float8 = plan_float8(config.trainer.fp8, torchao, BertForPreTraining(plan.model))
+        why = f"{float8.describe()}; {why}"
     kernels = kernel_choices(plugin, plan.model.to_dict(), config.optimizer, precision, why)
     kernels["attention"] = attention  # the backend the model runs (models.attention)
     plan = dataclasses.replace(
         plan, micro_batch_choice=choice.reason, micro_batch_probe=choice.probe,
-        threads=threads, attention=attention,
+        threads=threads, attention=attention, float8=float8,
         kernels=kernels, checkpoint_space=_checkpoint_space(config, plan, precision),
     )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
@@ -300,6 +313,8 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     task, loaded = build_task(prepared)
     callbacks = build_callbacks(config, plan.batch.sequences_per_step, [mlperf] if mlperf else [])
     loggers = build_loggers(config.loggers, facts(prepared))
+    if plan.float8 is not None:  # trainer.precision=fp8: the swap before torch.compile
+        convert_to_float8(task.model, plan.float8)
     plugin.compile_model(task.model)
     callbacks += plugin.callbacks()  # e.g. the CUDA graph step marker
     # the plugin's view of the loop counts (IPU: device-side accumulation)
