@@ -2,7 +2,11 @@
 fp8``, torchao's float8 training) from the same initial weights on the same batches.
 
 Both runs come from omnibert's own preparation (``omnibert.apps.compose.compose`` +
-``omnibert.run.pretraining.prepare``, ``data=generated`` with a length histogram): the bf16
+``omnibert.run.pretraining.prepare``) on real text (``--text stdlib``, the ``--lease``
+default: the Python standard library's docstrings, the corpus ``make demo`` uses, built and
+prepared by ``omnibert-prepare`` at the pair's sequence length with a vocab trained on it, in
+seconds on the GPU host) or on generated rows (``--text generated``, ``--smoke``'s default,
+with a length histogram): the bf16
 run's plan gives the model, the batches (taken once, fed to both), the optimiser (omnibert's
 LAMB at the phase's learning rate) and its warm-up schedule; the fp8 run's plan gives the
 Linear layers swapped to fp8 (``omnibert.accelerators.float8``). Both models are compiled
@@ -14,8 +18,9 @@ The tolerance is stated before the run (:data:`TOLERANCE`, printed first): over 
 bf16's. A pair is only evidence when bf16 learned in that time: ``inconclusive`` when bf16's
 mean loss over the tail is not at least :data:`MIN_DROP` below its first steps'. Generated
 rows carry little to learn (uniform random tokens: a model can only learn to copy the masked
-positions that show their own token, a small part of the loss), so a short pair may well be
-inconclusive; the verdict says so rather than calling a flat pair a pass. Real tokens/s of
+positions that show their own token, a small part of the loss), so a pair on them may well be
+inconclusive; the verdict says so rather than calling a flat pair a pass. Real text is why the
+lease prepares the docstrings. Real tokens/s of
 each side are timed after its first chunk (compilation). ``--json`` is rewritten atomically
 after every chunk pair; the record and the figure (both loss curves) go through
 ``benchplot``.
@@ -48,15 +53,10 @@ from typing import Any
 
 import benchplot
 import torch
-from bench_gpu import (
-    HISTOGRAMS,
-    MODELS,
-    compile_scoped,
-    on_device,
-    raise_recompile_limit,
-    take_batches,
-)
-from bench_gpu import write_json as write_json_atomic
+from bench_gpu import HISTOGRAMS, MODELS, compile_scoped, take_batches
+from bench_gpu_run import raise_recompile_limit
+from bench_gpu_run import write_json as write_json_atomic
+from bench_gpu_sides import on_device
 
 #: fp8's mean training loss over the tail within this share of bf16's (stated before the run)
 TOLERANCE = 0.01
@@ -148,6 +148,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile-scope", choices=["model", "layers", "off"], default=None,
                         help="torch.compile each encoder layer (lease), the model, or nothing")  # fmt: skip
     parser.add_argument("--attention", default=None, help="model.config.attention")
+    parser.add_argument("--text", choices=["stdlib", "generated"], default=None,
+                        help="real text (the stdlib's docstrings, prepared here; --lease) or "
+                             "generated rows (--smoke)")  # fmt: skip
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--vocab", type=int, default=None, help="data.vocab_size (30522)")
     parser.add_argument("--predictions", type=int, default=None, help="masks per sequence")
@@ -165,6 +168,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key, None) is None:
             setattr(args, key, next(p[key] for p in presets if key in p))
     args.model = model
+    args.text = args.text or ("generated" if args.smoke else "stdlib")
     if args.device == "auto":
         args.device = "cpu" if args.smoke else ("cuda" if torch.cuda.is_available() else "cpu")
     if args.lease and not args.smoke and args.device == "cpu":
@@ -179,21 +183,27 @@ def compose_side(args: argparse.Namespace, root: Path, precision: str) -> Any:
     from omnibert.apps.compose import compose
     from omnibert.run.pretraining import prepare
 
-    layers, hidden, heads, inter = MODELS[args.model]
+    spec = MODELS[args.model]
     rows = max(1024, 3 * args.batch * args.steps)
+    if args.text == "generated":
+        histogram = HISTOGRAMS["wiki"] if not args.smoke else root / "lengths.json"
+        data = ["data=generated", f"data.vocab_size={args.vocab}", "data.num_eval_samples=0",
+                f"data.num_train_samples={rows}", f"data.length_histogram={histogram}"]  # fmt: skip
+    else:  # the shards prepare_text wrote
+        data = [f"data.train_path={root / 'text' / 'train'}", "data.eval_path=null",
+                f"data.vocab_file={root / 'text' / 'vocab.txt'}"]  # fmt: skip
     overrides = [
-        f"paths.output_root={root}", f"run_name=fp8-pair-{precision}", "data=generated",
-        "data.num_workers=0", f"data.vocab_size={args.vocab}", "data.num_eval_samples=0",
-        f"data.num_train_samples={rows}", f"data.packing={args.packing}",
+        f"paths.output_root={root}", f"run_name=fp8-pair-{precision}", *data,
+        "data.num_workers=0", f"data.packing={args.packing}",
         f"data.pack.buffer_size={min(rows, 16384)}", f"data.seed={args.seed}", f"seed={args.seed}",
         f"phase={args.phase}", "phase.init_from=null", f"phase.max_seq_length={args.seq}",
         f"phase.global_batch_size={args.batch}", f"micro_batch_size={args.batch}",
         f"phase.max_steps={args.steps}", f"accelerator={'gpu' if args.device == 'cuda' else 'cpu'}",
         f"trainer.precision={precision}", "optimizer=lamb", "logger=none",
-        f"model.config.num_hidden_layers={layers}", f"model.config.hidden_size={hidden}",
-        f"model.config.num_attention_heads={heads}", f"model.config.intermediate_size={inter}",
+        f"model.config.num_hidden_layers={spec.layers}", f"model.config.hidden_size={spec.hidden}",
+        f"model.config.num_attention_heads={spec.heads}",
+        f"model.config.intermediate_size={spec.intermediate}",
         f"model.config.max_position_embeddings={max(512, args.seq)}",
-        f"data.length_histogram={HISTOGRAMS['wiki'] if not args.smoke else root / 'lengths.json'}",
     ]  # fmt: skip
     if args.predictions:
         overrides.append(f"phase.max_predictions_per_seq={args.predictions}")
@@ -207,6 +217,45 @@ def compose_side(args: argparse.Namespace, root: Path, precision: str) -> Any:
     if args.attention:
         overrides.append(f"model.config.attention={args.attention}")
     return prepare(compose("pretrain", [*overrides, *args.override]))
+
+
+#: masks per sequence the real text is prepared with, by sequence length (the phases')
+TEXT_PREDICTIONS = {128: 20, 512: 76}
+
+
+def prepare_text(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The stdlib docstrings (``omnibert.prepare.corpus``) as shards at the pair's sequence
+    length, through ``omnibert-prepare`` (a vocab trained on them); what was made."""
+    from omnibert.prepare.corpus import build_embedded_corpus
+
+    started = time.monotonic()
+    corpus = build_embedded_corpus(root / "corpus", num_train_files=4)
+    # at least what 15 % masking of a full sequence needs (omnibert-prepare refuses fewer)
+    needed = TEXT_PREDICTIONS.get(args.seq, math.ceil(0.15 * args.seq))
+    predictions = max(args.predictions or 0, needed)
+    args.predictions = predictions
+    files = ",".join(str(p) for p in corpus.train_files)
+    command = [sys.executable, "-c", "from omnibert.apps.prepare import main; main()",
+               f"input_files=[{files}]", f"vocab_file={root / 'text' / 'vocab.txt'}",
+               f"output_dir={root / 'text' / 'train'}", f"max_seq_length={args.seq}",
+               f"max_predictions_per_seq={predictions}", "dupe_factor=5", "num_workers=4",
+               "train_vocab.enabled=true", "train_vocab.vocab_size=8192",
+               f"hydra.run.dir={root / 'text' / 'logs'}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"omnibert-prepare failed ({done.returncode}): {done.stderr[-2000:]}")
+    metadata = json.loads((root / "text" / "train" / "metadata.json").read_text())
+    made = {
+        "corpus": f"Python {corpus.python_version} stdlib docstrings",
+        "documents": corpus.num_train_documents,
+        "instances": metadata["counts"]["instances"],
+        "seq": args.seq,
+        "max_predictions_per_seq": predictions,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(f"bench_fp8: real text: {corpus} -> {made['instances']} instances at seq {args.seq} "
+          f"in {made['seconds']} s", flush=True)  # fmt: skip
+    return made
 
 
 def versions(device: torch.device) -> dict[str, Any]:
@@ -300,6 +349,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="bench_fp8-") as tmp:
             root = Path(tmp)
             (root / "lengths.json").write_text(json.dumps({"counts": [1] * args.seq}))
+            if args.text == "stdlib":
+                results["text"] = prepare_text(args, root)
+                save()
             bf16_run, fp8_run = (
                 compose_side(args, root, "bf16-mixed"),
                 compose_side(args, root, "fp8"),

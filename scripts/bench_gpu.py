@@ -1,102 +1,89 @@
-"""GPU pretraining throughput: omnibert against Hugging Face ``BertForPreTraining``.
+"""GPU pretraining throughput: omnibert against Hugging Face on the same sequences.
 
-For each sequence length (128 with 20 masks, 512 with 76) and each layout (unpacked rows,
-online-packed rows), the batches come from omnibert's own wiring: ``omnibert-train``'s
-config (``data=generated``, ``accelerator=gpu``) goes through ``omnibert.run.pretraining
-.prepare``, so the plan, the precision (``auto``: bf16 where the GPU runs it), the compile
-settings and the data module are the ones a training run uses. omnibert trains its
-``BertForPreTraining`` with the step ``compile_only`` times (``AcceleratorPlugin._train_step``:
-autocast forward, backward, optimiser step, synchronise) and the configured optimiser
-(omnibert's LAMB, ``impl: auto`` = the Triton kernel on CUDA). The peer is Hugging Face's
-``BertForPreTraining`` (SDPA attention, the same initial weights), compiled with the same
-``torch.compile`` options, in the same autocast, trained by the same step function with the
-same LAMB (omnibert's, on HF's parameters and names). It reads the same sequences: the very
-same batches when unpacked; when omnibert packs, HF (which has no packed attention) gets the
-unpacked rows of the same generated sequences. Both compute MLM over the masked positions
-and NSP; HF scores every position (its design), omnibert only the masked ones.
+Each case's batches come from omnibert's own wiring: ``omnibert-train``'s config
+(``data=generated`` with a length histogram, ``accelerator=gpu``) goes through
+``omnibert.run.pretraining.prepare``, so the plan, the precision (``auto``: bf16 where the GPU
+runs it), the compile settings, the micro batch and the data module are a training run's. The
+sequences are drawn once, with a fixed seed, and **both sides read the same sequences**:
+unpacked, the very same batches; packed, Hugging Face (which has no packed attention) reads
+exactly the sequences of omnibert's packed rows, one per row (:mod:`bench_gpu_sides`). The peer
+is ``BertForPreTraining`` (SDPA) for BERT sizes and ``ModernBertForMaskedLM`` (SDPA, sparse
+prediction) for the modern ones, with omnibert's initial weights, the same ``torch.compile``
+options and autocast, the same optimiser (omnibert's LAMB on its parameters) and the same
+number of optimiser updates per round.
 
-Rounds alternate (omnibert then HF, HF then omnibert, ...), warm-up steps (compilation) are
-not timed. Printed per implementation: sequences/s and real (non-padding) tokens/s per GPU,
-MFU (dense BERT step FLOPs of the rows run, ``bert_pretraining_flops`` without the
-last-layer pruning, over the device's dense bf16 peak from :data:`PEAK_BF16`), peak memory
-(``torch.cuda.max_memory_allocated`` during its steps; both models and their optimiser state
-are resident), the ratio omnibert/HF and the ratio to the published figures (seq 512:
-NVIDIA DeepLearningExamples ≈ 207 sequences/s per A100-80GB unpacked, MLPerf Training 3.0 ≈
-970 samples/s per H100 packed). Results go to ``--json`` (default
-``outputs/bench_gpu/bench_gpu-<time>.json``).
+A round is ``--steps`` micro batches of omnibert (and the peer's batches of the same
+sequences), timed between two device synchronisations; no host sync inside it. ``update``:
+``round`` (default: one optimiser update per round per side, as the recipes, which accumulate
+128-256 micro batches per update, amortise it) or ``micro`` (one per micro batch). Rounds
+alternate between the sides; compilation is in untimed warm-up passes.
 
-    python scripts/bench_gpu.py                                   # BERT-large, both seqs
-    python scripts/bench_gpu.py --seq 512 --packing online \\
-        --length-histogram ../shared/data/wikipedia_seqlen_histogram_512.json
-    python scripts/bench_gpu.py --smoke                           # tiny model, CPU, seconds
-    python scripts/bench_gpu.py --smoke --lease                   # the lease's shape, CPU
+Printed and recorded per side: **real (non-padding) tokens/s**, the primary figure;
+sequences/s of the drawn sequences and, for packed rows, at the length histogram's mean
+(real tokens/s over its mean length: what a long run over the whole data reaches; a case's
+few hundred sequences have their own mean); MFU (dense BERT step FLOPs of the rows run over the
+device's dense bf16 peak, :data:`PEAK_BF16`, whatever the precision); peak memory; and the
+**work** each side executes for the same sequences (token rows through the encoder, masked-LM
+positions scored, matrix-product FLOPs): Hugging Face's ``BertForPreTraining`` scores every
+position, omnibert the masked ones. Ratios: omnibert/peer on the same sequences; with
+``peer=none`` (ablations) each case against the first case of the run; at seq 512 against the
+published figures (NVIDIA DeepLearningExamples ≈ 207 sequences/s per A100-80GB unpacked,
+MLPerf Training 3.0 ≈ 970 samples/s per H100 packed).
 
-``--length-histogram``: rows take that length distribution (Wikipedia's makes packing pay
-~2x at 512); without it the generated rows follow the reference generator (90% full
-length), where packing gains little. Needs ``transformers`` (the ``bench`` extra).
+    python scripts/bench_gpu.py --lease --deadline 220         # one H100: 3 cases
+    python scripts/bench_gpu.py --cases large:512:online:wiki,large:512:none
+    python scripts/bench_gpu.py --cases modernbert_base:1024:online:wiki
+    python scripts/bench_gpu.py --smoke                        # tiny model, CPU, seconds
 
-Cases: ``--cases MODEL:SEQ:PACKING[:HISTOGRAM],...`` (e.g. ``base:128:none,large:512:online:wiki``;
-``wiki`` is the repo's ``tests/fixtures/wikipedia_seqlen_histogram_512.json``, anything else a
-path; without one a case takes ``--length-histogram``) runs those, in that order; without it,
-every ``--seq`` x ``--packing`` for ``--model``. A case may also set its attention and micro
-batch, overriding ``--attention`` and ``--batch``:
-``large:512:none:attention=varlen,large:512:online:wiki:batch=64``.
+Cases: ``--cases MODEL:SEQ:PACKING[:HISTOGRAM][:KEY=VALUE...],...`` run in that order (``wiki``
+= ``tests/fixtures/wikipedia_seqlen_histogram_512.json``, anything else a path). Keys:
+``attention=NAME`` (``model.config.attention``), ``batch=ROWS|probe`` (``probe``: no
+``micro_batch_size``, omnibert's plan chooses), ``precision=P`` (``trainer.precision``, e.g.
+``fp8``), ``scope=model|layers`` (compile the whole model or each encoder layer),
+``graphs=on|off`` (``accelerator.cuda_graphs``), ``update=round|micro``, ``peer=hf|none``.
+Without ``--cases``: every ``--seq`` x ``--packing`` of ``--model``.
 
-``--profile``: after the timed rounds, one more pass of each side's steps under
-``torch.profiler`` (:func:`profile_pass`): on CUDA the kernels' device time by kind (matmul,
-attention, normalisation, optimiser, copies, elementwise), how busy the device was over the
-pass's wall time, and the top kernels; on a CPU the operators' own host time.
+``--compile-scope layers`` compiles each encoder layer with the plugin's options instead of
+the whole model: dynamo compiles the layer's code once and every layer reuses it (omnibert
+compiles a second graph for its last layer, which runs the read rows only), so a cold start
+costs one or two layer graphs; the embeddings, heads and loss then run eagerly on both sides.
 
-``--lease``: a short GPU lease (about 200 s on one H100): BERT-base seq 128 unpacked, then
-BERT-large seq 512 unpacked, then BERT-large seq 512 online-packed with the Wikipedia
-histogram; 1 warm-up pass, 3 rounds of 5 steps, per-layer compilation, ``--deadline 200``
-(each of these gives way to its flag given explicitly; ``--cases``, or ``--model``/``--seq``/
-``--packing``, to the lease's cases). With ``--smoke`` the lease's cases run with the tiny
-model at seq 32 on the CPU.
-
-``--compile-scope layers``: ``torch.compile`` each encoder layer (``model.bert.encoder.layer``,
-the same path in both models) with the plugin's ``compile_model`` (its options) instead of the
-whole model: dynamo compiles the layer's code once and every layer of the model reuses that
-graph (omnibert compiles a second one for its last layer, which runs only the read rows), so
-a cold start costs one or two layer graphs instead of a whole 24-layer model; the rest of each
-model (embeddings, heads, loss) runs eagerly, on both sides alike. ``model`` (the default but
-under ``--lease``) compiles the whole model as training does. Each case records the scope,
-the options and the frames dynamo compiled per implementation.
-
-Results survive a timeout: the JSON is (re)written atomically when the run starts and after
-every case, and each case's report prints as soon as it is done. ``--deadline SECONDS`` (wall
-clock from the start): a case is skipped (recorded under ``skipped`` with the reason) when
-the time left is below a rough estimate from the cases already run (:func:`estimate_seconds`;
-the first case always starts), and timed rounds stop early once the deadline has passed; the run then ends
-normally. A case that raises is recorded under ``failed`` (the exit status is then 1) and the
-next one runs.
-
-    python scripts/bench_gpu.py --lease --deadline 220            # one H100, ~200 s
-    python scripts/bench_gpu.py --cases large:512:online:wiki --compile-scope layers
+``--profile``: one more pass of each side under ``torch.profiler`` (:mod:`bench_gpu_profile`).
+``--lease``: BERT-large seq 512 packed (Wikipedia lengths), unpacked, then BERT-base seq 128;
+1 warm-up pass, 3 rounds of 10 steps, per-layer compilation, ``--deadline 200``; explicit flags
+win. ``--deadline SECONDS``: a case the time left cannot hold (:func:`estimate_seconds`) is
+skipped with the reason, and timed rounds stop once it has passed. The JSON (``--json``) is
+rewritten atomically after every case; a case that raises is recorded under ``failed``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import gc
-import json
-import os
-import re
-import signal
 import statistics
 import sys
-import tempfile
 import time
-import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import benchplot
 import torch
+from bench_gpu_profile import PROFILE_CATEGORIES, profile_lines, profile_pass
+from bench_gpu_run import main
+from bench_gpu_sides import (
+    HFStep,
+    hf_bert,
+    hf_bert_inputs,
+    hf_modern_inputs,
+    hf_modernbert,
+    histogram_mean_length,
+    on_device,
+    unpack_batches,
+    work,
+)
 from torch import Tensor, nn
+
+__all__ = ["PROFILE_CATEGORIES", "Case", "main", "parse", "parse_cases", "run_case"]
 
 #: the repository root (this file is scripts/bench_gpu.py): fixtures resolve from any cwd
 REPO = Path(__file__).resolve().parents[1]
@@ -123,15 +110,37 @@ PUBLISHED: dict[tuple[int, bool], tuple[float, str]] = {
     (512, False): (207.0, "NVIDIA DeepLearningExamples phase 2, A100-80GB, mixed precision"),
     (512, True): (970.0, "MLPerf Training 3.0 NVIDIA, H100, phase 2 packed"),
 }
-PREDICTIONS = {128: 20, 512: 76}
-MODELS = {  # layers, hidden, heads, intermediate
-    "large": (24, 1024, 16, 4096),
-    "base": (12, 768, 12, 3072),
-    "tiny": (4, 128, 2, 512),  # 4 layers: the per-layer compile's reuse shows (frames < layers)
+PREDICTIONS = {128: 20, 512: 76, 1024: 76}
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A size: its shape, the conf/model preset of its other options (``None``: BERT's
+    defaults) and its vocabulary (``None``: ``--vocab``)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    preset: str | None = None
+    vocab: int | None = None
+
+    @property
+    def modern(self) -> bool:
+        return self.preset is not None
+
+
+MODELS = {
+    "large": Model(24, 1024, 16, 4096),
+    "base": Model(12, 768, 12, 3072),
+    "tiny": Model(4, 128, 2, 512),  # 4 layers: the per-layer compile's reuse shows
+    # ModernBERT-base with its own tokenizer's 50,368 rows (conf/model/modernbert_base.yaml)
+    "modernbert_base": Model(22, 768, 12, 1152, preset="modernbert_base", vocab=50368),
+    "modern_tiny": Model(2, 128, 2, 192, preset="modern_tiny"),
 }
 #: ``--lease``: the cases, most important first, and the settings it gives (module docstring)
-LEASE_CASES = "base:128:none,large:512:none,large:512:online:wiki"
-LEASE = {"steps": 5, "rounds": 3, "warmup": 1, "compile_scope": "layers", "deadline": 200.0}
+LEASE_CASES = "large:512:online:wiki,large:512:none,base:128:none"
+LEASE = {"steps": 10, "rounds": 3, "warmup": 1, "compile_scope": "layers", "deadline": 200.0}
 #: ``--smoke``: the tiny model on the CPU for seconds
 SMOKE = {"steps": 2, "rounds": 2, "warmup": 1, "batch": 4, "vocab": 512}
 #: the defaults of the flags the presets fill in (``None`` on the command line = not given)
@@ -146,36 +155,62 @@ DEFAULTS = {
     "compile_scope": "model",
     "deadline": None,
 }
+#: a case's KEY=VALUE fields: the values each takes (``None``: any)
+CASE_KEYS: dict[str, tuple[str, ...] | None] = {
+    "attention": None,
+    "batch": None,  # a positive integer or probe
+    "precision": None,
+    "scope": ("model", "layers"),
+    "graphs": ("on", "off"),
+    "update": ("round", "micro"),
+    "peer": ("hf", "none"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One measurement: a model size, a sequence length, a layout and the rows' lengths."""
+    """One measurement: a size, a sequence length, a layout, the rows' lengths and what the
+    case sets beyond the command's flags (``None``: the flag's)."""
 
     model: str
     seq: int
     packing: str
-    histogram: str | None = None  # data.length_histogram; None: --length-histogram
-    attention: str | None = None  # model.config.attention; None: --attention
-    batch: int | None = None  # rows per step; None: --batch
+    histogram: str | None = None
+    attention: str | None = None
+    batch: int | str | None = None  # rows per micro batch, or "probe"
+    precision: str | None = None
+    scope: str | None = None
+    graphs: str | None = None
+    update: str | None = None
+    peer: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in CASE_KEYS if getattr(self, k) is not None}
 
     def label(self) -> str:
-        name = f"BERT-{self.model} seq {self.seq}, packing {self.packing}"
+        name = f"{self.model} seq {self.seq}, packing {self.packing}"
         name += f", lengths {Path(self.histogram).name}" if self.histogram else ""
         return name + self.options()
 
     def options(self) -> str:
         """What this case sets beyond the command's flags, for labels (empty when nothing)."""
-        text = f", attention {self.attention}" if self.attention else ""
-        return text + (f", micro batch {self.batch}" if self.batch else "")
+        return "".join(f", {key} {value}" for key, value in self.fields().items())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def _refuse(spec: str, why: str) -> SystemExit:
+    keys = ", ".join(f"{k}={'|'.join(v) if v else 'VALUE'}" for k, v in CASE_KEYS.items())
+    return SystemExit(
+        f"bench_gpu: --cases entry {spec!r}: {why}; after PACKING come a histogram and "
+        f"KEY=VALUE fields ({keys}, batch a positive integer or probe), e.g. "
+        "large:512:online:wiki:attention=varlen:batch=64"
+    )
+
+
 def parse_cases(text: str) -> list[Case]:
-    """``MODEL:SEQ:PACKING[:HISTOGRAM][:attention=NAME][:batch=ROWS],...`` (module docstring)
-    as :class:`Case` objects."""
+    """``MODEL:SEQ:PACKING[:HISTOGRAM][:KEY=VALUE...],...`` (module docstring) as cases."""
     cases = []
     for spec in filter(None, (part.strip() for part in text.split(","))):
         fields = spec.split(":")
@@ -190,23 +225,27 @@ def parse_cases(text: str) -> list[Case]:
             raise SystemExit(f"bench_gpu: --cases entry {spec!r}: SEQ must be an integer") from None
         options = dict(f.split("=", 1) for f in fields[3:] if "=" in f)
         plain = [f for f in fields[3:] if "=" not in f]
-        unknown = sorted(set(options) - {"attention", "batch"})
-        if unknown or len(plain) > 1 or not options.get("batch", "1").isdigit():
-            raise SystemExit(
-                f"bench_gpu: --cases entry {spec!r}: after PACKING come a histogram and "
-                "attention=NAME or batch=ROWS (a positive integer), e.g. "
-                "large:512:online:wiki:attention=varlen:batch=64"
-            )
+        if unknown := sorted(set(options) - set(CASE_KEYS)):
+            raise _refuse(spec, f"unknown key(s) {unknown}")
+        if len(plain) > 1:
+            raise _refuse(spec, f"more than one histogram {plain}")
+        for key, value in options.items():
+            allowed = CASE_KEYS[key]
+            if allowed is not None and value not in allowed:
+                raise _refuse(spec, f"{key}={value} is not one of {'|'.join(allowed)}")
+        batch: int | str | None = options.get("batch")
+        if batch is not None and batch != "probe":
+            if not str(batch).isdigit() or int(batch) < 1:
+                raise _refuse(spec, f"batch={batch} is not a positive integer or probe")
+            batch = int(batch)
         histogram = None
         if plain and plain[0]:
             path = HISTOGRAMS.get(plain[0], Path(plain[0]))
             histogram = str(Path(path).resolve())
             if not Path(histogram).is_file():
                 raise SystemExit(f"bench_gpu: --cases entry {spec!r}: no file {histogram}")
-        batch = int(options["batch"]) if "batch" in options else None
-        if batch == 0:
-            raise SystemExit(f"bench_gpu: --cases entry {spec!r}: batch must be at least 1")
-        cases.append(Case(fields[0], seq, fields[2], histogram, options.get("attention"), batch))
+        values = {k: v for k, v in options.items() if k != "batch"}
+        cases.append(Case(fields[0], seq, fields[2], histogram, batch=batch, **values))
     if not cases:
         raise SystemExit("bench_gpu: --cases names no case")
     return cases
@@ -225,16 +264,19 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
     return peak_for_name(name), name
 
 
-def micro_batch(args: argparse.Namespace, case: Case) -> int:
-    """Rows per step: the case's ``batch=``, else ``--batch``, else 128 at seq <= 128 and 32
-    above (BERT-large in bf16 with both models resident fits an 80 GB GPU)."""
+def micro_batch(args: argparse.Namespace, case: Case) -> int | None:
+    """Rows per micro batch: the case's ``batch=``, else ``--batch``, else 128 at seq <= 128
+    and 32 above; ``None`` for ``batch=probe`` (the plan chooses)."""
+    if case.batch == "probe":
+        return None
     return int(case.batch or args.batch or (128 if case.seq <= 128 else 32))
 
 
-def attention(args: argparse.Namespace, case: Case) -> str | None:
-    """``model.config.attention`` for a case: its ``attention=``, else ``--attention``, else
-    ``None`` (the config's own)."""
-    return case.attention or args.attention
+def setting(args: argparse.Namespace, case: Case, key: str) -> Any:
+    """A case's own value of ``key``, else the command's (``--attention``, ``--precision``,
+    ``--compile-scope``, ``--update``; ``graphs`` and ``peer`` have no flag)."""
+    flag = {"scope": "compile_scope"}.get(key, key)
+    return getattr(case, key) if getattr(case, key) is not None else getattr(args, flag, None)
 
 
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
@@ -242,46 +284,50 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
     from omnibert.apps.compose import compose
     from omnibert.run.pretraining import prepare
 
-    seq, packing = case.seq, case.packing
-    layers, hidden, heads, inter = MODELS[case.model]
-    rows = args.rows or max(1024, 8 * micro_batch(args, case) * args.steps)
-    overrides = [
+    spec, seq, packing = MODELS[case.model], case.seq, case.packing
+    rows = micro_batch(args, case)
+    count = args.rows or max(1024, 8 * (rows or 64) * args.steps)
+    vocab = args.vocab if args.smoke or spec.vocab is None else spec.vocab
+    overrides = [f"model={spec.preset}"] if spec.preset else []
+    overrides += [
         f"paths.output_root={root}",
         f"run_name=bench-{case.model}-{seq}-{packing}",
         "data=generated",
         "data.num_workers=0",
-        f"data.vocab_size={args.vocab}",
+        f"data.vocab_size={vocab}",
         "data.num_eval_samples=0",
-        f"data.num_train_samples={rows}",
+        f"data.num_train_samples={count}",
         f"data.packing={packing}",
-        f"data.pack.buffer_size={min(rows, 16384)}",
+        f"data.pack.buffer_size={min(count, 16384)}",
         f"data.seed={args.seed}",
         f"seed={args.seed}",
         f"phase.max_seq_length={seq}",
         f"phase.max_predictions_per_seq={args.predictions or PREDICTIONS.get(seq, seq // 6)}",
-        f"phase.global_batch_size={micro_batch(args, case)}",
-        f"micro_batch_size={micro_batch(args, case)}",
-        # the micro batch as given, checked by prepare's memory estimate as a run's is
+        # the micro batch as given, checked by prepare's memory estimate as a run's is; a
+        # probed one is chosen among the divisors of the global batch
+        f"phase.global_batch_size={rows or 1024}",
         "phase.max_steps=1000",
         f"accelerator={'gpu' if args.device == 'cuda' else 'cpu'}",
-        f"trainer.precision={args.precision}",
+        f"trainer.precision={setting(args, case, 'precision')}",
         f"optimizer={args.optimizer}",
-        f"model.config.num_hidden_layers={layers}",
-        f"model.config.hidden_size={hidden}",
-        f"model.config.num_attention_heads={heads}",
-        f"model.config.intermediate_size={inter}",
+        f"model.config.num_hidden_layers={spec.layers}",
+        f"model.config.hidden_size={spec.hidden}",
+        f"model.config.num_attention_heads={spec.heads}",
+        f"model.config.intermediate_size={spec.intermediate}",
         f"model.config.max_position_embeddings={max(512, seq)}",
         "logger=none",
     ]
+    overrides += [f"micro_batch_size={rows}"] if rows is not None else []
     if args.optimizer == "adamw":
         overrides.append("optimizer.lr=1e-4")
-    histogram = case.histogram or args.length_histogram
-    if histogram:
+    if histogram := case.histogram or args.length_histogram:
         overrides.append(f"data.length_histogram={histogram}")
-    if attention(args, case):
-        overrides.append(f"model.config.attention={attention(args, case)}")
+    if attention := setting(args, case, "attention"):
+        overrides.append(f"model.config.attention={attention}")
     if args.compile is not None:
         overrides.append(f"accelerator.compile={str(args.compile).lower()}")
+    if case.graphs is not None:
+        overrides.append(f"accelerator.cuda_graphs={str(case.graphs == 'on').lower()}")
     overrides += args.override or []
     return prepare(compose("pretrain", overrides))
 
@@ -297,70 +343,12 @@ def take_batches(prepared: Any, count: int) -> list[dict[str, Tensor]]:
     raise SystemExit(f"bench_gpu: only {len(batches)} batches; raise --rows")
 
 
-class HFStep(nn.Module):
-    """Hugging Face's model behind omnibert's step interface: ``forward(batch)["loss"]``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return {"loss": self.model(**batch).loss}
-
-
-def hf_batch(batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Unpacked rows of the data contract as HF inputs: labels -100 except at the masked
-    positions, the attention mask from ``sequence_ids``, the first NSP label."""
-    labels = torch.full_like(batch["input_ids"], -100)
-    weights = batch["masked_lm_weights"] > 0
-    rows = torch.arange(labels.shape[0], device=labels.device).unsqueeze(1)
-    rows = rows.expand_as(batch["masked_lm_positions"])
-    labels[rows[weights], batch["masked_lm_positions"][weights]] = batch["masked_lm_ids"][weights]
-    return {
-        "input_ids": batch["input_ids"],
-        "token_type_ids": batch["segment_ids"],
-        "position_ids": batch["position_ids"],
-        "attention_mask": (batch["sequence_ids"] > 0).long(),
-        "labels": labels,
-        "next_sentence_label": batch["nsp_labels"][:, 0],
-    }
-
-
-def on_device(build: Callable[[], nn.Module], device: torch.device) -> nn.Module:
-    """``build()`` with its tensors created on ``device`` (initialising BERT-large on the host
-    takes seconds per model), or on the host and moved where that fails."""
-    if device.type != "cpu":
-        try:
-            with device:
-                return build()
-        except Exception as err:  # any failure: the host path below
-            print(f"  (built on the host: on {device} it failed: {err!r:.200})", flush=True)
-    return build().to(device)
-
-
-def hf_model(model: nn.Module) -> nn.Module:
-    """HF ``BertForPreTraining`` (SDPA) with ``model``'s weights (the real vocab rows), on
-    ``model``'s device."""
-    import transformers
-
-    config = model.config  # type: ignore[attr-defined]
-    hf_config = transformers.BertConfig(**config.to_hf_dict())
-    hf_config._attn_implementation = "sdpa"
-    device = next(model.parameters()).device
-    theirs = on_device(lambda: transformers.BertForPreTraining(hf_config), device)
-    vocab = config.vocab_size
-    state = {
-        k: (v[:vocab] if v.shape[0] == config.padded_vocab_size else v)
-        for k, v in model.state_dict().items()
-    }
-    theirs.load_state_dict(state, strict=True)
-    return theirs
-
-
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The encoder layers: ``model.bert.encoder.layer`` in omnibert's and in HF's
-    ``BertForPreTraining`` alike."""
-    layers = model.bert.encoder.layer  # type: ignore[union-attr]
+    """The encoder layers of omnibert's and Hugging Face's models (``bert.encoder.layer``,
+    ModernBERT's ``model.layers``)."""
+    root = getattr(model, "bert", None) or model.model  # type: ignore[union-attr]
+    encoder = getattr(root, "encoder", root)
+    layers = getattr(encoder, "layer", None) or encoder.layers
     assert isinstance(layers, nn.ModuleList) and len(layers) > 0
     return layers
 
@@ -390,19 +378,8 @@ def dynamo_counts() -> dict[str, int]:
     }
 
 
-def raise_recompile_limit(limit: int = 64) -> None:
-    """Dynamo keeps one cache per code object: every layer (and every case: new models, new
-    shapes) adds its entries to the same ``forward``'s, past the default limit of 8 after a
-    few cases, beyond which it would run the layer eagerly. Both models alike."""
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(config, name):
-            setattr(config, name, max(int(getattr(config, name)), limit))
-            return
-
-
 def batch_facts(batches: list[dict[str, Tensor]], config: Any) -> dict[str, float]:
-    """Sequences, real tokens and dense-step FLOPs of one pass over ``batches``."""
+    """Sequences, real tokens and dense-step FLOPs (MFU's count) of one pass over ``batches``."""
     from omnibert.callbacks.throughput import bert_pretraining_flops
 
     sequences = sum(int((b["nsp_weights"] > 0).sum()) for b in batches)
@@ -415,63 +392,102 @@ def batch_facts(batches: list[dict[str, Tensor]], config: Any) -> dict[str, floa
     return {"sequences": sequences, "real_tokens": tokens, "flops": float(flops)}
 
 
+def peer_of(
+    args: argparse.Namespace, case: Case, batches: list[dict[str, Tensor]], rows: int, device: Any
+) -> tuple[list[dict[str, Tensor]], dict[str, Any]]:
+    """The peer's contract batches of the same sequences, and how they were made."""
+    predictions = args.predictions or PREDICTIONS.get(case.seq, case.seq // 6)
+    longest = int(max(int((b["sequence_ids"] == 1).sum(dim=1).max()) for b in batches))
+    if case.packing == "none":
+        return batches, {"how": "the very same batches", "left_over_sequences": 0}
+    seq = case.seq if not MODELS[case.model].modern else min(case.seq, max(longest, 8))
+    if MODELS[case.model].modern:  # rows as long as the data's longest sequence
+        histogram = case.histogram or args.length_histogram
+        if histogram:
+            import json
+
+            counts = json.loads(Path(histogram).read_text()).get("counts") or []
+            seq = min(case.seq, max(i + 1 for i, c in enumerate(counts) if c))
+    unpacked, left = unpack_batches(batches, rows, seq, predictions, device)
+    how = (
+        f"the sequences of omnibert's packed rows, one per row of {seq} tokens, {rows} rows "
+        f"a batch ({left} left over: fewer than a batch)"
+    )
+    return unpacked, {"how": how, "left_over_sequences": left, "peer_seq": seq}
+
+
 def run_case(
     args: argparse.Namespace, case: Case, root: Path, deadline_at: float | None = None
 ) -> dict[str, Any]:
-    """Both models on ``case``'s batches (module docstring); timed rounds stop early once
+    """Both sides on ``case``'s sequences (module docstring); timed rounds stop early once
     ``time.monotonic()`` passes ``deadline_at`` (at least one round runs)."""
-
     from omnibert.models import BertForPreTraining
     from omnibert.optim.build import build_optimizer
 
     started = time.monotonic()
-    seq, packing = case.seq, case.packing
     prepared = compose_run(args, case, root)
-    plugin, plan = prepared.plugin, prepared.plan
-    precision = plan.precision
+    plugin, plan, config = prepared.plugin, prepared.plan, prepared.plan.model
+    precision, rows = plan.precision, plan.batch.micro_batch_size
+    modern = MODELS[case.model].modern
+    attention = str(setting(args, case, "attention") or config.attention)
+    scope = setting(args, case, "scope")
     ours_batches = take_batches(prepared, args.steps)
-    if packing == "none":
-        unpacked = ours_batches  # the very same batches
-    else:  # HF has no packed attention: the unpacked rows of the same generated sequences
-        unpacked = take_batches(
-            compose_run(args, dataclasses.replace(case, packing="none"), root), args.steps
-        )
-    peer_batches = [hf_batch(b) for b in unpacked]
-    config = plan.model
     torch.manual_seed(args.seed)
     ours = on_device(lambda: BertForPreTraining(config), plugin.device).train()
-    theirs = HFStep(hf_model(ours)).to(plugin.device).train()
+    models: dict[str, nn.Module] = {"omnibert": ours}
+    inputs: dict[str, list[Any]] = {"omnibert": ours_batches}
+    contract = {"omnibert": ours_batches}
+    sides = {"omnibert": "omnibert"}
+    peer: dict[str, Any] | None = None
+    if setting(args, case, "peer") != "none":
+        contract["hf"], peer = peer_of(args, case, ours_batches, rows, plugin.device)
+        theirs = hf_modernbert(ours) if modern else hf_bert(ours)
+        models["hf"] = HFStep(theirs).to(plugin.device).train()
+        convert = hf_modern_inputs if modern else hf_bert_inputs
+        inputs["hf"] = [convert(b) for b in contract["hf"]]
+        sides["hf"] = "hf-modern" if modern else "hf"
     compiled: dict[str, Any] = {"scope": "off (eager)"}
     if plugin.compile:
-        what = compile_scoped(ours, args.compile_scope, plugin.compile_model)
-        compile_scoped(theirs.model, args.compile_scope, plugin.compile_model)
-        options = getattr(plugin, "compile_options", {})
-        compiled = {"scope": args.compile_scope, "what": what, "options": dict(options)}
-    optimizers = {
-        name: build_optimizer(prepared.config.optimizer, model.named_parameters())
-        for name, model in (("omnibert", ours), ("hf", theirs.model))
-    }
-    models: dict[str, nn.Module] = {"omnibert": ours, "hf": theirs}
-    inputs = {"omnibert": ours_batches, "hf": peer_batches}
-    facts = {"omnibert": batch_facts(ours_batches, config), "hf": batch_facts(unpacked, config)}
+        what = compile_scoped(ours, scope, plugin.compile_model)
+        if "hf" in models:
+            compile_scoped(models["hf"].model, scope, plugin.compile_model)  # type: ignore[arg-type]
+        options = dict(getattr(plugin, "compile_options", {}))
+        compiled = {"scope": scope, "what": what, "options": options}
     graphs = bool(getattr(plugin, "uses_cuda_graphs", False))
+    optimizers = {
+        name: build_optimizer(prepared.config.optimizer, getattr(m, "model", m).named_parameters())
+        for name, m in models.items()
+    }
+    if graphs:  # the gradients exist before the first replay: each backward adds into them
+        for model in models.values():
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+    update = setting(args, case, "update")
     setup_seconds = time.monotonic() - started
     print(
-        f"  setup {setup_seconds:.1f} s: {precision}, micro batch {micro_batch(args, case)}, "
-        f"compile {compiled['scope']}"
-        + (f" (options {compiled['options']})" if plugin.compile else "")
-        + f", {args.warmup} warm-up pass(es), {args.rounds} rounds of {args.steps} steps",
+        f"  setup {setup_seconds:.1f} s: {precision}, micro batch {rows}, compile "
+        f"{compiled['scope']}, CUDA graphs {'on' if graphs else 'off'}, update per {update}, "
+        f"{args.warmup} warm-up pass(es), {args.rounds} rounds of {args.steps} steps",
         flush=True,
     )
 
     def steps(name: str) -> Callable[[], float]:
+        model, optimizer, batches = models[name], optimizers[name], inputs[name]
+        every = len(batches) if update == "round" else 1
+
         def run() -> float:
             plugin.synchronize()
             start = time.perf_counter()
-            for batch in inputs[name]:
+            for index, batch in enumerate(batches, 1):
                 if graphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                plugin._train_step(models[name], batch, optimizers[name], precision)
+                with plugin.autocast(precision):
+                    loss = model(batch)["loss"]
+                loss.backward()
+                if index % every == 0:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=not graphs)
+            plugin.synchronize()
             return time.perf_counter() - start
 
         return run
@@ -486,23 +502,17 @@ def run_case(
         warmup[name] = time.monotonic() - start
         after = dynamo_counts()
         dynamo[name] = {key: after[key] - before[key] for key in after}
-        print(
-            f"  warmed up {name} ({args.warmup} x {args.steps} steps) in {warmup[name]:.1f} s; "
-            f"dynamo compiled {dynamo[name]['frames']} frame(s), {dynamo[name]['graphs']} "
-            "graph(s)",
-            flush=True,
-        )
+        print(f"  warmed up {name} in {warmup[name]:.1f} s; dynamo compiled "
+              f"{dynamo[name]['frames']} frame(s), {dynamo[name]['graphs']} graph(s)", flush=True)  # fmt: skip
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     peak: dict[str, int | None] = dict.fromkeys(runners)
-    timed_start = time.monotonic()
-    cut = False
+    timed_start, cut = time.monotonic(), False
     for r in range(args.rounds):
         if r and deadline_at is not None and time.monotonic() > deadline_at:
             cut = True
             print(f"  deadline passed: {r} of {args.rounds} rounds timed", flush=True)
             break
-        order = list(runners) if r % 2 == 0 else list(reversed(runners))
-        for name in order:
+        for name in list(runners) if r % 2 == 0 else list(reversed(runners)):
             plugin.reset_peak_memory()
             seconds[name].append(runners[name]())
             measured, _ = plugin.peak_memory()
@@ -512,46 +522,71 @@ def run_case(
         {name: profile_pass(run, plugin) for name, run in runners.items()} if args.profile else {}
     )
     flops_peak, device_name = peak_flops(plugin.device)
+    histogram = case.histogram or args.length_histogram
+    mean_length = histogram_mean_length(histogram)
     out: dict[str, Any] = {
         "model": case.model,
-        "seq": seq,
-        "packing": packing,
-        "attention": attention(args, case),
+        "seq": case.seq,
+        "packing": case.packing,
+        "attention": attention,
         "options": case.options().removeprefix(", "),
-        "length_histogram": case.histogram or args.length_histogram,
+        "length_histogram": histogram,
+        "histogram_mean_length": mean_length,
         "precision": precision,
         "kernels": plan.kernels,
-        "micro_batch": micro_batch(args, case),
+        "micro_batch": rows,
+        "micro_batch_reason": getattr(plan.batch, "micro_batch_reason", None),
         "device": device_name,
         "compile": compiled,
+        "cuda_graphs": graphs,
+        "update": update,
         "rounds": len(seconds["omnibert"]),
         "rounds_cut_by_deadline": cut,
+        "same_sequences": peer,
     }
     for name in runners:
         median = statistics.median(seconds[name])
-        f = facts[name]
+        f = batch_facts(contract[name], config)
+        tokens_per_sec = f["real_tokens"] / median
+        at_mean = None
+        if name == "omnibert" and mean_length and (case.packing != "none" or attention == "varlen"):
+            at_mean = tokens_per_sec / mean_length  # rows cost what they hold: module docstring
         out[name] = {
             "rounds_seconds": [round(s, 5) for s in seconds[name]],
+            "real_tokens_per_sec": tokens_per_sec,
             "sequences_per_sec": f["sequences"] / median,
-            "real_tokens_per_sec": f["real_tokens"] / median,
-            "sequences_per_step": f["sequences"] / args.steps,
+            "sequences_per_sec_at_histogram_mean": at_mean,
+            "sequences_per_round": f["sequences"],
+            "sequences_per_step": f["sequences"] / len(contract[name]),
+            "mean_sequence_tokens": f["real_tokens"] / max(f["sequences"], 1),
+            "micro_batches_per_round": len(contract[name]),
+            "optimizer_updates_per_round": 1 if update == "round" else len(contract[name]),
             "mfu": None if flops_peak is None else f["flops"] / median / flops_peak,
             "peak_memory_bytes": peak[name],
             "warmup_seconds": round(warmup[name], 3),
             "dynamo": dynamo[name],
+            "work": work(contract[name], config, sides[name], attention),
         }
         if name in profiles:
             out[name]["profile"] = profiles[name]
-    ratios = [
-        (facts["omnibert"]["sequences"] / a) / (facts["hf"]["sequences"] / b)
-        for a, b in zip(seconds["omnibert"], seconds["hf"], strict=True)
-    ]
-    out["ratio_sequences_per_sec"] = statistics.median(ratios)
-    published = PUBLISHED.get((seq, packing != "none"))
+    if "hf" in runners:
+        ratios = [
+            (out["omnibert"]["sequences_per_round"] / a) / (out["hf"]["sequences_per_round"] / b)
+            for a, b in zip(seconds["omnibert"], seconds["hf"], strict=True)
+        ]
+        out["ratio_sequences_per_sec"] = statistics.median(ratios)
+        executed = out["hf"]["work"]["flops_executed"] / out["hf"]["sequences_per_round"]
+        ours_executed = out["omnibert"]["work"]["flops_executed"]
+        out["ratio_work_per_sequence"] = executed / (
+            ours_executed / out["omnibert"]["sequences_per_round"]
+        )
+    published = PUBLISHED.get((case.seq, case.packing != "none"))
     if published is not None and case.model == "large":
         value, source = published
+        ours_rate = out["omnibert"]["sequences_per_sec_at_histogram_mean"]
+        ours_rate = ours_rate or out["omnibert"]["sequences_per_sec"]
         out["published"] = {"sequences_per_sec": value, "source": source}
-        out["ratio_to_published"] = out["omnibert"]["sequences_per_sec"] / value
+        out["ratio_to_published"] = ours_rate / value
     out["seconds"] = {
         "setup": round(setup_seconds, 3),
         "warmup": round(sum(warmup.values()), 3),
@@ -561,133 +596,43 @@ def run_case(
     return out
 
 
-#: kernel or operator names -> where a step's time goes (the first match wins)
-PROFILE_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|varlen", re.I)),
-    ("optimizer", re.compile(r"lamb|adam|multi_tensor", re.I)),
-    (
-        "matmul",
-        re.compile(r"gemm|matmul|cutlass|xmma|nvjet|cublas|aten::(mm|addmm|bmm|linear)$", re.I),
-    ),
-    ("normalization", re.compile(r"norm", re.I)),
-    ("copy and fill", re.compile(r"copy|memcpy|memset|fill|aten::cat$", re.I)),
-    ("elementwise and reductions", re.compile(r"^triton_|elementwise|vectorized|reduce", re.I)),
-)
-
-
-def profile_pass(run: Callable[[], float], plugin: Any, top: int = 10) -> dict[str, Any]:
-    """One more pass of a side's steps under ``torch.profiler``: where its time goes.
-
-    On CUDA it counts the kernels' device time; elsewhere the operators' own host time.
-    ``busy`` is that time over the pass's wall time: well under 1 on a GPU means the device
-    waits for the host (kernel launches, eager Python)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = plugin.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
-    with profile(activities=activities):  # the profiler's own start-up, outside the pass
-        torch.ones(1, device=plugin.device).add_(1)
-    with profile(activities=activities) as prof:
-        wall = run()
-    times: dict[str, tuple[float, int]] = {}
-    for event in prof.key_averages():
-        if event.device_type != (DeviceType.CUDA if cuda else DeviceType.CPU):
-            continue
-        seconds = (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e6
-        if seconds > 0:
-            times[event.key] = (seconds, event.count)
-    total = sum(seconds for seconds, _ in times.values())
-    shares = dict.fromkeys([name for name, _ in PROFILE_CATEGORIES] + ["other"], 0.0)
-    for key, (seconds, _) in times.items():
-        found = (name for name, pattern in PROFILE_CATEGORIES if pattern.search(key))
-        shares[next(found, "other")] += seconds
-    ranked = sorted(times.items(), key=lambda item: -item[1][0])[:top]
-    return {
-        "what": "CUDA kernels, device time" if cuda else "operators, own host time",
-        "wall_seconds": round(wall, 6),
-        "counted_seconds": round(total, 6),
-        "busy": total / wall if wall > 0 else None,
-        "shares": {k: round(v / total, 4) for k, v in shares.items() if v > 0} if total else {},
-        "top": [
-            {"name": key[:160], "seconds": round(s, 6), "share": round(s / total, 4), "calls": n}
-            for key, (s, n) in ranked
-        ],
-    }
-
-
-def profile_lines(name: str, prof: Mapping[str, Any], top: int = 5) -> list[str]:
-    shares = ", ".join(
-        f"{k} {v:.0%}" for k, v in sorted(prof["shares"].items(), key=lambda kv: -kv[1])
-    )
-    busy = "n/a" if prof["busy"] is None else f"{prof['busy']:.0%}"
-    lines = [
-        f"  profile {name}: {prof['what']} {prof['counted_seconds'] * 1e3:.1f} ms of "
-        f"{prof['wall_seconds'] * 1e3:.1f} ms wall (busy {busy}); {shares}"
-    ]
-    lines += [
-        f"    {item['share']:6.1%} {item['calls']:5d}x {item['name'][:110]}"
-        for item in prof["top"][:top]
-    ]
-    return lines
-
-
-def step_work(args: argparse.Namespace, case: Case) -> float:
-    """A step's work, up to a constant: layers x rows x seq x hidden x (12 hidden + 2 seq)."""
-    layers, hidden, _, _ = MODELS[case.model]
-    rows = micro_batch(args, case) * case.seq
-    return float(layers * rows * hidden * (12 * hidden + 2 * case.seq))
-
-
-def estimate_seconds(
-    args: argparse.Namespace, case: Case, done: list[tuple[Case, dict[str, float]]]
-) -> tuple[float, str] | None:
-    """A rough time for ``case`` from the cases run (``(case, seconds)``), and whence; None
-    before the first. From the last case of the same model (else the last case): its setup
-    and warm-up (mostly compilation, which grows little with the model: x1.25 for another
-    model) plus its timed rounds scaled by the step's work; where the model and the sequence
-    length are the same, half its warm-up (dynamo reuses the compiled layers of those
-    shapes: all of HF's, omnibert's but its last layer's)."""
-    if not done:
-        return None
-    same = [(c, s) for c, s in done if c.model == case.model]
-    ran, seconds = (same or done)[-1]
-    work = step_work(args, case) / step_work(args, ran)
-    if ran.model != case.model:
-        fixed, how = 1.25 * (seconds["setup"] + seconds["warmup"]), "x1.25"
-    elif ran.seq != case.seq:
-        fixed, how = seconds["setup"] + seconds["warmup"], "x1"
-    else:
-        fixed, how = seconds["setup"] + 0.5 * seconds["warmup"], "half the warm-up"
-    estimate = fixed + seconds["timed"] * work
-    return estimate, (
-        f"{ran.label()} took {seconds['total']:.0f} s: setup and warm-up {how}, timed rounds "
-        f"x{work:.2f} the work"
-    )
-
-
-def report(case: Mapping[str, Any]) -> str:
+def report(case: dict[str, Any]) -> str:
     compiled = case.get("compile", {}).get("scope", "n/a")
     lines = [
-        f"BERT-{case.get('model', '?')} seq {case['seq']} packing {case['packing']}"
-        + (f" attention {case['attention']}" if case.get("attention") else "")
-        + " micro batch "
-        f"{case['micro_batch']} {case['precision']} on {case['device']}, compile {compiled}, "
-        f"{case.get('rounds', '?')} rounds"
+        f"{case.get('model', '?')} seq {case['seq']} packing {case['packing']}"
+        + (f" ({case['options']})" if case.get("options") else "")
+        + f" micro batch {case['micro_batch']} {case['precision']} on {case['device']}, compile "
+        f"{compiled}, update per {case.get('update')}, {case.get('rounds', '?')} rounds"
     ]
     for name in ("omnibert", "hf"):
+        if name not in case:
+            continue
         r = case[name]
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
         mem = "n/a" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**30:.2f}"
+        at_mean = r.get("sequences_per_sec_at_histogram_mean")
         lines.append(
-            f"  {name:<9} {r['sequences_per_sec']:10.1f} sequences/s  "
-            f"{r['real_tokens_per_sec']:12.0f} real tokens/s  MFU {mfu:>6}  peak {mem} GiB  "
-            f"({r['sequences_per_step']:.1f} sequences per step; warm-up "
+            f"  {name:<9} {r['real_tokens_per_sec']:12.0f} real tokens/s  "
+            f"{r['sequences_per_sec']:9.1f} sequences/s"
+            + (f" ({at_mean:.1f} at the histogram's mean)" if at_mean else "")
+            + f"  MFU {mfu:>6}  peak {mem} GiB  ({r['sequences_per_step']:.1f} sequences of "
+            f"{r['mean_sequence_tokens']:.0f} tokens a micro batch; warm-up "
             f"{r.get('warmup_seconds', float('nan')):.1f} s)"
         )
-    lines.append(f"  ratio omnibert/hf (median of rounds): {case['ratio_sequences_per_sec']:.3f}")
+        w = r["work"]
+        lines.append(
+            f"            work a round: {w['token_rows_through_encoder']} token rows through the "
+            f"encoder, {w['mlm_positions_scored']} MLM positions scored, "
+            f"{w['flops_executed'] / 1e12:.2f} TFLOP"
+        )
+    if "ratio_sequences_per_sec" in case:
+        lines.append(
+            f"  ratio omnibert/hf on the same sequences (median of rounds): "
+            f"{case['ratio_sequences_per_sec']:.3f}; hf executes "
+            f"{case['ratio_work_per_sequence']:.2f}x omnibert's FLOPs a sequence"
+        )
     for name in ("omnibert", "hf"):
-        if case[name].get("profile"):
+        if case.get(name, {}).get("profile"):
             lines += profile_lines(name, case[name]["profile"])
     if "published" in case:
         pub = case["published"]
@@ -704,56 +649,77 @@ def report(case: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def step_work(args: argparse.Namespace, case: Case) -> float:
+    """A step's work, up to a constant: layers x rows x seq x hidden x (12 hidden + 2 seq)."""
+    spec = MODELS[case.model]
+    rows = (micro_batch(args, case) or 64) * case.seq
+    return float(spec.layers * rows * spec.hidden * (12 * spec.hidden + 2 * case.seq))
+
+
+def estimate_seconds(
+    args: argparse.Namespace, case: Case, done: list[tuple[Case, dict[str, float]]]
+) -> tuple[float, str] | None:
+    """A rough time for ``case`` from the cases run (``(case, seconds)``), and whence; None
+    before the first. From the last case of the same model (else the last case): its setup
+    and warm-up (mostly compilation, which grows little with the model: x1.25 for another
+    model) plus its timed rounds scaled by the step's work; where the model and the sequence
+    length are the same, half its warm-up (dynamo reuses the compiled layers of those
+    shapes: all of HF's, omnibert's but its last layer's)."""
+    if not done:
+        return None
+    same = [(c, s) for c, s in done if c.model == case.model]
+    ran, seconds = (same or done)[-1]
+    scale = step_work(args, case) / step_work(args, ran)
+    if ran.model != case.model:
+        fixed, how = 1.25 * (seconds["setup"] + seconds["warmup"]), "x1.25"
+    elif ran.seq != case.seq:
+        fixed, how = seconds["setup"] + seconds["warmup"], "x1"
+    else:
+        fixed, how = seconds["setup"] + 0.5 * seconds["warmup"], "half the warm-up"
+    estimate = fixed + seconds["timed"] * scale
+    return estimate, (
+        f"{ran.label()} took {seconds['total']:.0f} s: setup and warm-up {how}, timed rounds "
+        f"x{scale:.2f} the work"
+    )
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", choices=sorted(MODELS), default=None,
-                        help="model of every --seq x --packing case (default large)")  # fmt: skip
-    parser.add_argument("--seq", type=int, nargs="+", default=None, help="default 128 512")
-    parser.add_argument("--packing", nargs="+", default=None, choices=["none", "online"],
-                        help="default none online")  # fmt: skip
-    parser.add_argument("--cases", default=None,
-                        help="MODEL:SEQ:PACKING[:HISTOGRAM],... run in this order")  # fmt: skip
-    parser.add_argument("--lease", action="store_true",
-                        help="the short GPU preset; explicit flags win")  # fmt: skip
-    parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds from the start: skip cases that would not fit")  # fmt: skip
-    parser.add_argument("--compile-scope", choices=["model", "layers"], default=None,
-                        help="compile the whole model (default) or each encoder layer")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=None,
-                        help="micro batch in rows (default: 128 at seq <= 128, else 32)")  # fmt: skip
-    parser.add_argument("--predictions", type=int, default=None, help="masks per sequence")
-    parser.add_argument("--steps", type=int, default=None, help="steps per timed round (10)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (6)")
-    parser.add_argument(
-        "--warmup", type=int, default=None, help="untimed passes over the steps (2)"
-    )
-    parser.add_argument("--rows", type=int, default=None, help="generated training rows")
-    parser.add_argument("--precision", default="auto", help="trainer.precision")
-    parser.add_argument("--optimizer", choices=["lamb", "adamw"], default="lamb",
-                        help="the same optimiser (omnibert's) for both models")  # fmt: skip
-    parser.add_argument("--attention", default=None,
-                        help="model.config.attention, where the model has the key")  # fmt: skip
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="accelerator.compile (default: the accelerator's, on for gpu)")  # fmt: skip
-    parser.add_argument("--override", action="append", default=None, metavar="KEY=VALUE",
-                        help="a training-config override (repeatable)")  # fmt: skip
-    parser.add_argument("--length-histogram", default=None, help="data.length_histogram")
-    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    parser.add_argument("--vocab", type=int, default=None, help="data.vocab_size (30522)")
-    parser.add_argument("--seed", type=int, default=12345)
-    parser.add_argument("--json", default=None, help="where to write the results")
-    parser.add_argument("--profile", action="store_true",
-                        help="after the timed rounds, one more pass of each side under "
-                             "torch.profiler: kernel time by kind, busy fraction, top kernels")  # fmt: skip
+    add = parser.add_argument
+    add("--model", choices=sorted(MODELS), default=None, help="model of every --seq x --packing case (default large)")  # fmt: skip
+    add("--seq", type=int, nargs="+", default=None, help="default 128 512")
+    add("--packing", nargs="+", default=None, choices=["none", "online"], help="default none online")  # fmt: skip
+    add("--cases", default=None, help="MODEL:SEQ:PACKING[:HISTOGRAM][:KEY=VALUE...],... in this order")  # fmt: skip
+    add("--lease", action="store_true", help="the short GPU preset; explicit flags win")
+    add("--deadline", type=float, default=None, help="seconds from the start: skip cases that would not fit")  # fmt: skip
+    add("--compile-scope", choices=["model", "layers"], default=None, help="compile the whole model (default) or each encoder layer")  # fmt: skip
+    add("--batch", type=int, default=None, help="micro batch in rows (default: 128 at seq <= 128, else 32)")  # fmt: skip
+    add("--predictions", type=int, default=None, help="masks per sequence")
+    add("--steps", type=int, default=None, help="micro batches of omnibert per timed round (10)")
+    add("--rounds", type=int, default=None, help="timed rounds (6)")
+    add("--warmup", type=int, default=None, help="untimed passes over the steps (2)")
+    add("--update", choices=["round", "micro"], default="round", help="one optimiser update per round (default) or per micro batch")  # fmt: skip
+    add("--rows", type=int, default=None, help="generated training rows")
+    add("--precision", default="auto", help="trainer.precision")
+    add("--optimizer", choices=["lamb", "adamw"], default="lamb", help="the same optimiser (omnibert's) for both models")  # fmt: skip
+    add("--attention", default=None, help="model.config.attention, where the model has the key")  # fmt: skip
+    add("--compile", action=argparse.BooleanOptionalAction, default=None, help="accelerator.compile (default: the accelerator's, on for gpu)")  # fmt: skip
+    add("--override", action="append", default=None, metavar="KEY=VALUE", help="a training-config override (repeatable)")  # fmt: skip
+    add("--length-histogram", default=None, help="data.length_histogram")
+    add("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    add("--vocab", type=int, default=None, help="data.vocab_size (30522)")
+    add("--seed", type=int, default=12345)
+    add("--json", default=None, help="where to write the results")
+    add("--profile", action="store_true", help="after the timed rounds, one more pass of each side under torch.profiler")  # fmt: skip
+    import benchplot
+
     benchplot.add_arguments(parser)
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny model, vocab 512, seq 32, 2 rounds of 2 steps (CPU unless --device)")  # fmt: skip
+    add("--smoke", action="store_true", help="tiny model, vocab 512, seq 32, 2 rounds of 2 steps (CPU unless --device)")  # fmt: skip
     args = parser.parse_args(argv)
     product = any(getattr(args, k) is not None for k in ("model", "seq", "packing"))
-    # explicit flags, then --smoke, then --lease, then the defaults
-    presets: list[Mapping[str, Any]] = []
+    presets: list[dict[str, Any]] = []  # explicit flags, then --smoke, then --lease, then defaults
     if args.smoke:
         presets.append({**SMOKE, "model": "tiny", "seq": [32]})
     if args.lease:
@@ -778,202 +744,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
-
-
-def write_json(path: Path, results: Mapping[str, Any]) -> None:
-    """``results`` to ``path`` atomically: a temporary file beside it, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-class Terminated(BaseException):
-    """SIGTERM (``timeout``): the JSON is written with what ran, then the run ends."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated(f"signal {signum}")
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    started = time.monotonic()
-    args = parse(argv)
-    import transformers
-
-    cases: list[Case] = args.case_list
-    deadline_at = None if args.deadline is None else started + args.deadline
-    path = Path(args.json or f"outputs/bench_gpu/bench_gpu-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    command = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    command["case_list"] = [c.to_dict() for c in cases]
-    results: dict[str, Any] = {
-        "command": command,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "status": "running",
-        "compile_scope": args.compile_scope,
-        "deadline_seconds": args.deadline,
-        "elapsed_seconds": 0.0,
-        "cases": [],
-        "skipped": [],
-        "failed": [],
-        "pending": [c.to_dict() for c in cases],
-    }
-
-    def save(status: str | None = None) -> None:
-        if status is not None:
-            results["status"] = status
-        results["elapsed_seconds"] = round(time.monotonic() - started, 3)
-        write_json(path, results)
-
-    save()
-    print(
-        f"bench_gpu: {len(cases)} case(s) on {args.device}, compile scope {args.compile_scope}, "
-        f"deadline {args.deadline if args.deadline is not None else 'none'} s; results in {path}",
-        flush=True,
-    )
-    raise_recompile_limit()
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    done: list[tuple[Case, dict[str, float]]] = []
-    current = "the start"
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
-            if args.smoke and args.length_histogram is None:  # lengths 5..seq alike: packing packs
-                uniform = Path(tmp) / "uniform_lengths.json"
-                uniform.write_text(json.dumps({"counts": [1] * max(c.seq for c in cases)}))
-                args.length_histogram = str(uniform)
-            for index, case in enumerate(cases):
-                results["pending"] = [c.to_dict() for c in cases[index + 1 :]]
-                left = None if deadline_at is None else deadline_at - time.monotonic()
-                estimate = estimate_seconds(args, case, done)
-                if left is not None and estimate is not None and left < estimate[0]:
-                    reason = (
-                        f"deadline: {left:.0f} s left of {args.deadline:.0f} s, estimate "
-                        f"{estimate[0]:.0f} s ({estimate[1]})"
-                    )
-                    print(f"bench_gpu: skipped {case.label()}: {reason}", flush=True)
-                    results["skipped"].append({**case.to_dict(), "reason": reason})
-                    save()
-                    continue
-                print(f"bench_gpu: {case.label()} ...", flush=True)
-                current = case.label()
-                try:
-                    out = run_case(args, case, Path(tmp), deadline_at)
-                except Exception as err:  # recorded, the next case runs
-                    text = traceback.format_exc()
-                    print(f"bench_gpu: {case.label()} FAILED: {err!r}\n{text}", flush=True)
-                    results["failed"].append(
-                        {**case.to_dict(), "error": repr(err), "traceback": text[-4000:]}
-                    )
-                    save()
-                    continue
-                finally:
-                    free_memory()
-                current = f"the cases after {case.label()}"
-                done.append((case, out["seconds"]))
-                results["cases"].append(out)
-                save()
-                print(report(out), flush=True)
-                print(
-                    f"bench_gpu: {len(results['cases'])} case(s) written to {path} "
-                    f"({time.monotonic() - started:.0f} s elapsed)",
-                    flush=True,
-                )
-    except (Terminated, KeyboardInterrupt) as err:
-        save(f"interrupted ({err!r}) during {current}")
-        print(f"bench_gpu: interrupted; {len(results['cases'])} case(s) in {path}", flush=True)
-        raise SystemExit(143) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    results["pending"] = []
-    save("done")
-    print(
-        f"bench_gpu: results in {path} ({len(results['cases'])} done, "
-        f"{len(results['skipped'])} skipped, {len(results['failed'])} failed, "
-        f"{results['elapsed_seconds']:.0f} s)",
-        flush=True,
-    )
-    if results["cases"]:
-        rec = record(args, results["cases"], results)
-        benchplot.save(rec, figure(rec), args.results_dir)
-    return results
-
-
-def figure(rec: Any) -> Any:
-    """Sequences/s per case, omnibert beside Hugging Face, the ratio above each pair (log
-    scale: seq 128 and seq 512 rates differ tenfold)."""
-    (table,) = rec.tables
-    rows = table.rows
-    series = {
-        "omnibert": [float(r[1]) if r[1] != "n/a" else None for r in rows],
-        "Hugging Face": [float(r[2]) if r[2] != "n/a" else None for r in rows],
-    }
-    groups = [r[0].replace(", ", "\n") for r in rows]
-    return benchplot.bars(rec.title, "sequences/s per device", groups, series,
-                          ratio_of=("omnibert", "Hugging Face"), log=True)  # fmt: skip
-
-
-def free_memory() -> None:
-    """Drop the finished case's models, optimiser state and batches before the next."""
-    gc.collect()
-    if torch.cuda.is_available():
-        with contextlib.suppress(Exception):
-            torch.cuda.empty_cache()
-
-
-def record(args: argparse.Namespace, cases: list[dict[str, Any]], results: Any) -> Any:
-    """The run as a :class:`benchplot.Record` (the site's benchmark pages read those)."""
-
-    def cell(value: float | None, fmt: str) -> str:
-        return "n/a" if value is None else format(value, fmt)
-
-    models = list(dict.fromkeys(c.get("model", args.model) for c in cases))
-
-    def label(c: Mapping[str, Any]) -> str:
-        name = f"seq {c['seq']}, {c['packing']}"
-        name += f", {c['options']}" if c.get("options") else ""
-        return name if len(models) == 1 else f"BERT-{c['model']} {name}"
-
-    rows = [
-        [
-            label(c),
-            cell(c["omnibert"]["sequences_per_sec"], ".1f"),
-            cell(c["hf"]["sequences_per_sec"], ".1f"),
-            f"{c['ratio_sequences_per_sec']:.2f}x",
-            cell(c["omnibert"]["real_tokens_per_sec"], ".0f"),
-            cell(c["omnibert"]["mfu"], ".1%"),
-            cell(c.get("ratio_to_published"), ".2f"),
-        ]
-        for c in cases
-    ]
-    device = cases[0]["device"] if cases else "none"
-    headline = "; ".join(f"{r[0]}: {r[3]} omnibert/hf" for r in rows)
-    return benchplot.Record(
-        name="gpu-" + "-".join(models) + ("-smoke" if args.smoke else ""),
-        title=f"BERT-{'/'.join(models)} pretraining step on {device}: omnibert against "
-        "Hugging Face",
-        headline=headline,
-        command=benchplot.command_line(),
-        machine=benchplot.machine(),
-        tables=[
-            benchplot.Table(
-                f"sequences/s per device ({cases[0]['precision'] if cases else ''}, compile "
-                f"{cases[0]['compile']['scope'] if cases else ''})",
-                [
-                    "case",
-                    "omnibert seq/s",
-                    "hf seq/s",
-                    "ratio",
-                    "omnibert real tokens/s",
-                    "omnibert MFU",
-                    "vs published",
-                ],
-                rows,
-            )
-        ],
-        measurements=results,
-    )
 
 
 if __name__ == "__main__":

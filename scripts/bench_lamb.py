@@ -5,7 +5,12 @@ Runs every implementation on the same parameters and gradients (BERT-base: 110M 
 round, so drift in machine load hits all of them alike), and prints the median ms/step, the
 speed-up over ``torch_optimizer.Lamb`` measured in the same run, and the ratio to the
 memory-bandwidth floor: the bytes a LAMB step must move per fp32 parameter over the copy
-bandwidth measured here (``dst.copy_(src)``, best of several, between rounds).
+bandwidth (``dst.copy_(src)``, counting the read and the write). On CUDA it is measured as the
+GPU check's probe measures it (:func:`copy_bandwidth`: CUDA events around 20 back-to-back
+copies of 1 GiB after 3 warm-ups, the mean), once before the rounds and between them, the best
+kept; ``--bandwidth-from PROBE_JSON`` takes the probe's figure of the same lease instead
+(``scripts/gpu_check.py`` passes it), so the floor is the one the rest of the lease's records
+are read against. On a CPU: the best of 20 single copies, timed with ``perf_counter``.
 
 The floor is 44 B/param: the global gradient norm reads g (4), since the clip factor must be
 known before the moments; the moments read g, p, m, v and write m, v (24); the trust ratio
@@ -77,19 +82,43 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def copy_bandwidth(device: torch.device, numel: int = 64_000_000, repeats: int = 20) -> float:
-    """Best-of-N ``dst.copy_(src)`` bandwidth in bytes/s (counting the read and the write)."""
+def copy_bandwidth(device: torch.device, numel: int = 1 << 28, repeats: int = 20) -> float:
+    """``dst.copy_(src)`` bandwidth in bytes/s (counting the read and the write). CUDA: CUDA
+    events around ``repeats`` back-to-back copies after 3 warm-ups, the mean (how
+    ``scripts/gpu_probe.py`` measures it); elsewhere the best of ``repeats`` single copies."""
     src = torch.ones(numel, device=device)
     dst = torch.empty_like(src)
+    if device.type == "cuda":
+        for _ in range(3):
+            dst.copy_(src)
+        torch.cuda.synchronize(device)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(repeats):
+            dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize(device)
+        return 2 * 4 * numel * repeats / (begin.elapsed_time(end) / 1e3)
     dst.copy_(src)
     best = float("inf")
     for _ in range(repeats):
-        sync(device)
         t = time.perf_counter()
         dst.copy_(src)
-        sync(device)
         best = min(best, time.perf_counter() - t)
     return 2 * 4 * numel / best
+
+
+def probe_bandwidth(path: str) -> float:
+    """The copy bandwidth (bytes/s) in a ``scripts/gpu_probe.py`` JSON (its ``ceilings``)."""
+    probe = json.loads(Path(path).read_text())
+    ceilings = probe.get("ceilings") or {}
+    detail = ceilings.get("detail") if ceilings.get("status") == "ok" else None
+    if not isinstance(detail, dict) or "copy_GBps_read_plus_write" not in detail:
+        raise SystemExit(
+            f"bench_lamb: --bandwidth-from {path} holds no measured copy bandwidth (its "
+            f"'ceilings' check: {ceilings.get('status', 'missing')}); run without the flag"
+        )
+    return float(detail["copy_GBps_read_plus_write"]) * 1e9
 
 
 def make_stepper(params: list[torch.nn.Parameter], impl: str) -> Callable[[], None]:
@@ -176,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="CPU, tiny set, 2 rounds x 2 steps, seconds")  # fmt: skip
     ap.add_argument("--json", default=None,
                     help="results, rewritten after every stage (module docstring)")  # fmt: skip
+    ap.add_argument("--bandwidth-from", default=None, metavar="PROBE_JSON",
+                    help="the floor at this gpu_probe.py JSON's copy bandwidth")  # fmt: skip
     benchplot.add_arguments(ap)
     args = ap.parse_args(argv)
     presets = [
@@ -196,7 +227,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.smoke  # the compiled one's inductor compile takes longer than the rest
         else ["compiled", "foreach", "reference", PEER]
     )
-    copy_numel = 8_000_000 if args.smoke else 64_000_000
+    copy_numel = 8_000_000 if args.smoke else (1 << 28 if device.type == "cuda" else 64_000_000)
+    given = probe_bandwidth(args.bandwidth_from) if args.bandwidth_from else None
     path = Path(args.json or f"outputs/bench_lamb/bench_lamb-{time.strftime('%Y%m%d-%H%M%S')}.json")
     results: dict[str, Any] = {
         "status": "running",
@@ -230,6 +262,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     bandwidths = [copy_bandwidth(device, numel=copy_numel)]
     results.update(parameters=numel, tensors=len(params), copy_bandwidths_bytes_per_s=bandwidths)
+    how = "CUDA events, mean of 20 copies" if device.type == "cuda" else "best of 20 copies"
+    source = (
+        f"gpu_probe ({args.bandwidth_from}: CUDA events, 1 GiB copies, mean of 20)"
+        if given
+        else f"measured here ({how} of {copy_numel * 4 / 2**30:.2f} GiB, best of the rounds)"
+    )
+    results["floor_bandwidth_source"] = source
     write_json(path, results)
 
     errors: dict[str, str] = results["errors"]
@@ -266,14 +305,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 del steppers[name]
                 continue
             times[name].append((time.perf_counter() - t) / args.steps * 1e3)
-        bandwidth = max(bandwidths)
+        bandwidth = given or max(bandwidths)
         floor_ms, apex_ms, summary = summarise(times, bandwidth, numel)
         results.update(copy_bandwidth_bytes_per_s=bandwidth, floor_ms=floor_ms, summary=summary)
         write_json(path, results)
-    bandwidth = max(bandwidths)
+    bandwidth = given or max(bandwidths)
     floor_ms, apex_ms, summary = summarise(times, bandwidth, numel)
     spread = ", ".join(f"{b / 1e9:.1f}" for b in bandwidths)
-    print(f"\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s (best of per-round measurements: {spread})")
+    print(
+        f"\nfloor bandwidth {bandwidth / 1e9:.1f} GB/s: {source}; measured here per round: {spread}"
+    )
     print(
         f"floor: {BYTES_PER_PARAM} B/param x {numel / 1e6:.1f}M / bandwidth = {floor_ms:.2f} "
         f"ms/step ({APEX_BYTES_PER_PARAM} B/param with a separate norm pass: {apex_ms:.2f} ms)"
@@ -308,11 +349,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     write_json(path, results)
     print(f"\nresults in {path}", flush=True)
-    save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows)
+    save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows, source)
     return results
 
 
-def save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows) -> None:
+def save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows, source) -> None:
     """lamb.json + lamb.svg: ms/step per implementation next to torch-optimizer and the floor."""
     medians = {name: statistics.median(ts) for name, ts in times.items() if ts}
     peer = medians.get(PEER)
@@ -346,7 +387,7 @@ def save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows) 
         tables=[
             benchplot.Table(
                 f"{args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads, "
-                f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, floor {BYTES_PER_PARAM} B/param "
+                f"copy bandwidth {bandwidth / 1e9:.1f} GB/s ({source}), floor {BYTES_PER_PARAM} B/param "
                 f"= {floor_ms:.0f} ms",
                 [
                     "implementation",
@@ -362,6 +403,7 @@ def save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows) 
         measurements={
             "ms_per_step": times,
             "copy_bandwidth_bytes_per_s": bandwidth,
+            "floor_bandwidth_source": source,
             "floor_ms": floor_ms,
             "parameters": numel,
             "threads": torch.get_num_threads(),

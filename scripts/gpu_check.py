@@ -13,15 +13,22 @@ or runs out of time never stops the next. What comes back, all under ``OUT``:
 * ``summary.json``: the steps, the probe's findings, test counts and failures, the benchmark
   figures; the same summary is printed last.
 
-Steps, most important first: ``install``; ``probe`` (``scripts/gpu_probe.py``: versions,
-``nvidia-smi``, compiler, a Triton kernel, ``torch.compile``, varlen attention, LAMB per
-implementation, the bandwidth and matrix-product ceilings); ``gpu-tests`` (every test file
-with ``gpu``-marked tests, each in its own process so a broken CUDA context stays in its file,
-all at once); ``bench-lamb`` (``scripts/bench_lamb.py --device cuda``); ``bench-gpu``
-(``scripts/bench_gpu.py --lease --profile``: BERT-base seq 128, then BERT-large seq 512
-unpacked and packed with the repository's Wikipedia length histogram, each side profiled
-once); ``bench-ablate`` (the seq-512 cases again with ``attention=varlen`` and with a micro
-batch of 64, profiled: what the gap to the published figures is made of).
+Steps, most important first (the default list; every step can be named in ``--steps``):
+``install``; ``probe`` (``scripts/gpu_probe.py``: versions, ``nvidia-smi``, compiler, a Triton
+kernel, ``torch.compile``, varlen attention, LAMB per implementation, the bandwidth and
+matrix-product ceilings); ``gpu-tests`` (``--tests focus``, the default: the GPU tests of the
+newest work, :data:`FOCUS_TESTS`; ``--tests all``: every test file with ``gpu``-marked tests;
+each file in its own process so a broken CUDA context stays in its file, all at once);
+``bench-ablate`` (``scripts/bench_gpu.py`` on BERT-large seq 512 packed: today's settings
+against Hugging Face on the same sequences, then one variant a line, omnibert alone: varlen
+attention, the whole model compiled, CUDA graphs, fp8, micro batch 64 and probed, LAMB per
+micro batch, all together; then unpacked and phase 1 (BERT-base seq 128); each profiled);
+``fp8-pair`` (``scripts/bench_fp8.py --lease``: the same steps in bf16 and fp8 from the same
+weights and batches, both loss curves against a tolerance stated before the run);
+``bench-modern`` (ModernBERT-base seq 1024 packed against ``ModernBertForMaskedLM`` on the same
+sequences); ``bench-lamb`` (``scripts/bench_lamb.py --device cuda``, the floor at the probe's
+copy bandwidth). ``bench-gpu`` (``bench_gpu.py --lease``: three cases against Hugging Face) is
+there to be named.
 
 ``--rehearse`` runs the same plumbing on a CPU (the default suite does, so the check cannot
 rot between leases): the same install, the probe with its CUDA checks skipped, the GPU test
@@ -85,6 +92,10 @@ class Check:
     bench_gpu_cases: str | None = None
     #: pytest-xdist workers per GPU test file (0: one process per file)
     test_workers: int = 0
+    #: ``focus`` (:data:`FOCUS_TESTS`) or ``all`` (every file with gpu-marked tests)
+    tests: str = "focus"
+    #: the cap of the step whose commands are being built (their own deadlines stay inside)
+    step_cap_s: float = float("inf")
     start: float = field(default_factory=time.monotonic)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -156,15 +167,35 @@ def gpu_test_files() -> list[Path]:
     return sorted(p for p in (ROOT / "tests").glob("test_*.py") if marker.search(p.read_text()))
 
 
+#: ``--tests focus``: the GPU tests of the newest work, file -> a pytest ``-k`` expression
+#: (``None``: the whole file). Every ``-m gpu`` test passed on an H100 and an H200 before it;
+#: a lease spends its minutes on what it has not run yet, then on speed.
+FOCUS_TESTS: dict[str, str | None] = {
+    "tests/test_fp8_gpu.py": None,  # fp8: compiled real fp8 against bf16, the refusal
+    "tests/test_gpu_step.py": None,  # CUDA graphs with accumulation, no sync, the probe
+    "tests/test_one_graph.py": None,  # the pretraining step as one graph on CUDA
+    # the Triton LAMB's bitwise resume, bench_gpu --smoke on CUDA (same sequences, rounds)
+    "tests/test_gpu.py": "(resume_is_bitwise and triton) or bench_gpu",
+}
+
+
+def selected_tests(check: Check) -> list[tuple[Path, str | None]]:
+    """The test files the check runs and each one's ``-k`` (``--tests``)."""
+    if check.tests == "all":
+        return [(path, None) for path in gpu_test_files()]
+    return [(ROOT / name, expression) for name, expression in FOCUS_TESTS.items()]
+
+
 def _tests(check: Check) -> list[Command]:
     commands = []
-    for path in gpu_test_files():
+    for path, expression in selected_tests(check):
         junit = check.work / f"junit-{path.stem}.xml"
         # -v: a line per test as it ends, read back when a file is killed at the cap before
         # pytest writes its JUnit report
         argv = [check.python, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra",
                 "-p", "no:cacheprovider", "-p", "no:xdist", f"--junitxml={junit}",
                 str(path.relative_to(ROOT))]  # fmt: skip
+        argv += ["-k", expression] if expression else []
         # no CUDA: collect them (imports, parametrisation, markers), one id per line
         argv += ["-q", "--collect-only"] if check.rehearse else ["-v"]
         if check.test_workers and not check.rehearse:
@@ -238,74 +269,138 @@ def verbose_findings(log: str) -> dict[str, Any]:
 
 
 def _test_findings(check: Check, codes: list[int]) -> dict[str, Any]:
+    """Counts in total and per file, each file's from its JUnit report or, for a file killed
+    before it wrote one, from its ``-v`` lines (``source`` says which)."""
     if check.rehearse:
         text = (check.work / "gpu-tests.log").read_text(errors="replace")
         return {"collected": _collected(text), "exit_codes": codes}
-    parts = []
+    parts: dict[str, dict[str, Any]] = {}
     for command in _tests(check):
         if command.junit is not None and command.junit.is_file():
-            parts.append(junit_findings([command.junit]))
+            found = {**junit_findings([command.junit]), "source": "junit"}
         else:
             log = check.work / f"gpu-tests-{command.label}.log"
             found = verbose_findings(log.read_text(errors="replace") if log.is_file() else "")
             found["failures"].append(f"{command.label}: no JUnit report (killed or crashed)")
-            parts.append(found)
-    total: dict[str, Any] = {k: sum(p[k] for p in parts) for k in
-                             ("tests", "passed", "failed", "errors", "skipped")}  # fmt: skip
-    total["failures"] = [f for p in parts for f in p["failures"]]
+            found["source"] = "pytest -v lines (no JUnit report: killed at the cap or crashed)"
+        parts[command.label] = found
+    keys = ("tests", "passed", "failed", "errors", "skipped")
+    total: dict[str, Any] = {k: sum(p[k] for p in parts.values()) for k in keys}
+    total["failures"] = [f for p in parts.values() for f in p["failures"]]
+    total["per_file"] = {name: {k: p[k] for k in (*keys, "source")} for name, p in parts.items()}
+    total["selection"] = check.tests
     return total
 
 
 # ----------------------------------------------------------------------------- benchmarks
 
 
+def _records(check: Check) -> Path:
+    """Where the benchmarks write their records (JSON and SVG): the work folder. The check
+    copies the JSONs into ``OUT/records`` at its end (:func:`return_records`): a lease returns
+    at most eight files."""
+    return check.work / "records"
+
+
 def _bench_lamb(check: Check) -> list[Command]:
     argv = [check.python, str(SCRIPTS / "bench_lamb.py"), "--json", str(check.work / "bench_lamb.json"),
-            "--results-dir", str(check.out / "records")]  # fmt: skip
+            "--results-dir", str(_records(check))]  # fmt: skip
     argv += ["--smoke"] if check.rehearse else ["--device", "cuda", "--lease"]
+    probe = check.work / "probe.json"
+    if not check.rehearse and probe.is_file():  # the floor at the probe's copy bandwidth
+        argv += ["--bandwidth-from", str(probe)]
     return [Command("bench_lamb", argv)]
 
 
-def _bench_gpu_argv(check: Check, name: str, results_dir: Path) -> list[str]:
+def bench_deadline(check: Check) -> float:
+    """The seconds a benchmark of this step may plan for: what its cap and the check's
+    deadline leave, less a margin for its record (it skips what would not fit)."""
+    return max(min(check.step_cap_s, check.left() - RESERVE_S) - 10, 20)
+
+
+def _bench_gpu_argv(check: Check, name: str) -> list[str]:
     """``bench_gpu.py --lease --profile`` (``--smoke`` in the rehearsal) writing its JSON to
-    ``bench_<name>.json`` in the work folder, within what the deadline leaves."""
-    deadline = max(check.left() - RESERVE_S - 10, 30)
+    ``bench_<name>.json`` in the work folder, within its step's time."""
+    deadline = bench_deadline(check)
     argv = [check.python, str(SCRIPTS / "bench_gpu.py"), "--json", str(check.work / f"bench_{name}.json"),
-            "--results-dir", str(results_dir), "--deadline", f"{deadline:.0f}", "--lease",
+            "--results-dir", str(_records(check)), "--deadline", f"{deadline:.0f}", "--lease",
             "--profile"]  # fmt: skip
     return argv + (["--smoke"] if check.rehearse else [])
 
 
 def _bench_gpu(check: Check) -> list[Command]:
-    argv = _bench_gpu_argv(check, "gpu", check.out / "records")
+    argv = _bench_gpu_argv(check, "gpu")
     if check.bench_gpu_cases:
         argv += ["--cases", check.bench_gpu_cases]
     return [Command("bench_gpu", argv)]
 
 
-#: ``bench-ablate``: the seq-512 step with flash attention on the real tokens (varlen) instead
-#: of SDPA's masked kernel, and with twice the micro batch, each against Hugging Face again
-ABLATE_CASES = ("large:512:none:attention=varlen,large:512:online:wiki:attention=varlen,"
-                "large:512:none:batch=64,large:512:online:wiki:batch=64")  # fmt: skip
-REHEARSE_ABLATE_CASES = "tiny:32:online:attention=varlen:batch=8"
+#: ``bench-ablate``: BERT-large seq 512 packed with the Wikipedia lengths as the last lease ran
+#: it (SDPA, each layer compiled) against Hugging Face on the same sequences, then one change a
+#: line (omnibert alone, each against the first line), all of them together, then unpacked
+#: and phase 1; most important first (the deadline skips from the end)
+_PACKED = "large:512:online:wiki:attention=sdpa:scope=layers"
+ABLATE_CASES = ",".join(
+    [
+        _PACKED,
+        "large:512:online:wiki:attention=varlen:scope=layers:peer=none",
+        "large:512:online:wiki:attention=sdpa:scope=model:peer=none",
+        f"{_PACKED}:graphs=on:peer=none",
+        f"{_PACKED}:precision=fp8:peer=none",
+        f"{_PACKED}:batch=64:peer=none",
+        f"{_PACKED}:batch=probe:peer=none",
+        f"{_PACKED}:update=micro:peer=none",
+        # all together: varlen and CUDA graphs exclude each other (data-dependent shapes)
+        "large:512:online:wiki:attention=varlen:scope=model:precision=fp8:peer=none",
+        "large:512:online:wiki:attention=sdpa:scope=model:graphs=on:precision=fp8:peer=none",
+        "large:512:none:attention=varlen:scope=layers",
+        "base:128:none:scope=layers",
+        "base:128:none:scope=model:graphs=on:peer=none",
+    ]
+)
+#: the rehearsal's: the same keys on the tiny model on a CPU (no CUDA graphs, no fp8)
+REHEARSE_ABLATE_CASES = (
+    "tiny:32:online,tiny:32:online:attention=varlen:batch=8:update=micro:peer=none"
+)
 
 
 def _bench_ablate(check: Check) -> list[Command]:
-    """Its record stays in the work folder (what a lease returns is capped at eight files):
-    the summary carries its figures, from its JSON."""
-    argv = _bench_gpu_argv(check, "ablate", check.work / "records-ablate")
+    argv = _bench_gpu_argv(check, "ablate")
     argv += ["--cases", REHEARSE_ABLATE_CASES if check.rehearse else ABLATE_CASES]
     return [Command("bench_ablate", argv)]
 
 
-def _bench_findings(name: str) -> Callable[[Check, list[int]], dict[str, Any]]:
-    """The benchmark's records (written at its end) and its own JSON, which it rewrites after
-    every case, so what finished before a kill at the cap is kept too."""
+#: ``bench-modern``: ModernBERT-base (conf/model/modernbert_base.yaml) at seq 1024, packed with
+#: the Wikipedia lengths, against ModernBertForMaskedLM on the same sequences
+MODERN_CASES = "modernbert_base:1024:online:wiki:scope=layers"
+REHEARSE_MODERN_CASES = "modern_tiny:64:online"
+
+
+def _bench_modern(check: Check) -> list[Command]:
+    argv = _bench_gpu_argv(check, "modern")
+    argv += ["--cases", REHEARSE_MODERN_CASES if check.rehearse else MODERN_CASES]
+    return [Command("bench_modern", argv)]
+
+
+def _fp8_pair(check: Check) -> list[Command]:
+    """``bench_fp8.py --lease`` (``--smoke`` in the rehearsal: emulated fp8 on the CPU)."""
+    deadline = bench_deadline(check)
+    argv = [check.python, str(SCRIPTS / "bench_fp8.py"), "--json", str(check.work / "bench_fp8.json"),
+            "--results-dir", str(_records(check)), "--deadline", f"{deadline:.0f}"]  # fmt: skip
+    return [Command("bench_fp8", argv + (["--smoke"] if check.rehearse else ["--lease"]))]
+
+
+def _bench_findings(name: str, prefix: str) -> Callable[[Check, list[int]], dict[str, Any]]:
+    """The benchmark's own JSON, which it rewrites after every case or stage (what finished
+    before a kill at the cap is kept too), and the headline and tables of the records it
+    wrote at its end whose names start with ``prefix``."""
 
     def collect(check: Check, codes: list[int]) -> dict[str, Any]:
         found: dict[str, Any] = {"records": {}}
-        for path in sorted((check.out / "records").glob(f"{name}-*.json")):
+        for path in sorted(_records(check).glob(f"{prefix}*.json")):
             record = json.loads(path.read_text())
+            if record.get("command", "").find(f"bench_{name}.json") < 0:
+                continue  # another step's record of the same script
             found["records"][path.stem] = {"headline": record.get("headline"),
                                            "tables": record.get("tables")}  # fmt: skip
         partial = check.work / f"bench_{name}.json"
@@ -316,14 +411,36 @@ def _bench_findings(name: str) -> Callable[[Check, list[int]], dict[str, Any]]:
     return collect
 
 
+def return_records(check: Check) -> list[str]:
+    """Each step's records into ``OUT/records`` as ``<step's json stem>-<record>.json``, the
+    figure left behind (``"figure": null``; a lease returns at most eight files: the four of
+    the check and these); the names copied."""
+    dest = check.out / "records"
+    copied = []
+    for path in sorted(_records(check).glob("*.json")):
+        record = json.loads(path.read_text())
+        step = re.search(r"bench_(\w+)\.json", record.get("command", ""))
+        name = f"{step.group(1)}-{path.stem}" if step else path.stem
+        record["figure"] = None
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        copied.append(name)
+    return copied
+
+
 STEPS = [
     Step("install", 90, _install),
     Step("probe", 120, _probe, _probe_findings),
-    Step("gpu-tests", 250, _tests, _test_findings),
-    Step("bench-lamb", 50, _bench_lamb, _bench_findings("lamb")),
-    Step("bench-gpu", 300, _bench_gpu, _bench_findings("gpu")),
-    Step("bench-ablate", 200, _bench_ablate, _bench_findings("ablate")),
+    Step("gpu-tests", 150, _tests, _test_findings),
+    Step("bench-ablate", 170, _bench_ablate, _bench_findings("ablate", "gpu-")),
+    Step("fp8-pair", 110, _fp8_pair, _bench_findings("fp8", "fp8")),
+    Step("bench-modern", 60, _bench_modern, _bench_findings("modern", "gpu-")),
+    Step("bench-lamb", 30, _bench_lamb, _bench_findings("lamb", "lamb")),
+    Step("bench-gpu", 300, _bench_gpu, _bench_findings("gpu", "gpu-")),
 ]
+#: what runs without ``--steps``: all but ``bench-gpu`` (the ablation's first lines hold its
+#: comparison with Hugging Face)
+DEFAULT_STEPS = [s.name for s in STEPS if s.name != "bench-gpu"]
 
 
 # ----------------------------------------------------------------------------- running
@@ -337,6 +454,7 @@ def run_step(check: Check, step: Step) -> dict[str, Any]:
         return {**entry, "status": "skipped", "seconds": 0.0,
                 "detail": f"{left:.0f} s left before the deadline"}  # fmt: skip
     timeout = min(step.cap_s, left)
+    check.step_cap_s = timeout
     commands = step.commands(check)
     log_path = check.work / f"{step.name}.log"
     start = time.monotonic()
@@ -373,17 +491,37 @@ def run_step(check: Check, step: Step) -> dict[str, Any]:
     return entry
 
 
+def _rate(value: Any, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def case_line(case: dict[str, Any]) -> str:
+    """One bench_gpu case in a line: real tokens/s, sequences/s (at the histogram's mean where
+    it applies), MFU, against Hugging Face on the same sequences or against the first case."""
+    ours = case["omnibert"]
+    options = f" ({case['options']})" if case.get("options") else ""
+    line = (
+        f"{case.get('model')} seq {case['seq']} {case['packing']}{options}: "
+        f"{ours['real_tokens_per_sec']:,.0f} real tokens/s, {ours['sequences_per_sec']:.1f} seq/s"
+        f" ({_rate(ours.get('sequences_per_sec_at_histogram_mean'), '.1f')} at the histogram's "
+        f"mean), MFU {_rate(ours.get('mfu'), '.1%')}, micro batch {case['micro_batch']}"
+    )
+    if "hf" in case:
+        line += (f"; hf {case['hf']['real_tokens_per_sec']:,.0f} real tokens/s, ratio "
+                 f"{case['ratio_sequences_per_sec']:.2f} on the same sequences")  # fmt: skip
+    if case.get("ratio_to_first_case") is not None:
+        line += f"; x{case['ratio_to_first_case']:.2f} the first line"
+    return line
+
+
 def partial_lines(results: dict[str, Any]) -> list[str]:
-    """A benchmark's own JSON in a few lines (bench_gpu's cases, bench_lamb's ms per step)."""
+    """A benchmark's own JSON in a few lines: bench_gpu's cases (one a line, each side's
+    profile below it), bench_lamb's ms per step, bench_fp8's verdict."""
     lines = []
     for case in results.get("cases", []):
-        ours, hf = case["omnibert"], case["hf"]
-        options = f" ({case['options']})" if case.get("options") else ""
-        lines.append(f"BERT-{case.get('model')} seq {case['seq']} {case['packing']}{options}: omnibert "
-                     f"{ours['sequences_per_sec']:.1f} seq/s, hf {hf['sequences_per_sec']:.1f}, "
-                     f"ratio {case['ratio_sequences_per_sec']:.2f}, MFU {ours.get('mfu')}")  # fmt: skip
+        lines.append(case_line(case))
         for name in ("omnibert", "hf"):
-            prof = case[name].get("profile")
+            prof = (case.get(name) or {}).get("profile")
             if prof:
                 shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(prof["shares"].items(),
                                                                     key=lambda kv: -kv[1]))  # fmt: skip
@@ -394,8 +532,11 @@ def partial_lines(results: dict[str, Any]) -> list[str]:
     for key in ("skipped", "failed"):
         lines += [f"{key}: {str(item)[:300]}" for item in results.get(key) or []]
     if "ms_per_step" in results:
-        lines.append(f"ms per step {results['ms_per_step']}; floor {results.get('floor_ms')} ms")
+        lines.append(f"ms per step {results['ms_per_step']}; floor {results.get('floor_ms')} ms "
+                     f"({results.get('floor_bandwidth_source', '')})")  # fmt: skip
         lines += [f"error {k}: {str(v)[:200]}" for k, v in (results.get("errors") or {}).items()]
+    if "verdict" in results:
+        lines.append(f"fp8 against bf16: {results['verdict']}")
     return lines
 
 
@@ -404,7 +545,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines = [f"gpu_check: {summary['mode']} on {summary.get('device', '?')}, "
              f"{summary['seconds']:.0f} s of {summary['deadline_s']:.0f}"]  # fmt: skip
     for entry in summary["steps"]:
-        lines.append(f"  {entry['step']:<10} {entry['status']:<8} {entry['seconds']:6.1f} s"
+        lines.append(f"  {entry['step']:<12} {entry['status']:<8} {entry['seconds']:6.1f} s"
                      + (f"  {entry['detail']}" if "detail" in entry else ""))  # fmt: skip
         findings = entry.get("findings", {})
         for name, item in findings.get("probe", {}).items():
@@ -413,25 +554,20 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if "tests" in findings:
             lines.append("      tests {tests}: passed {passed}, failed {failed}, errors {errors}, "
                          "skipped {skipped}".format(**findings))  # fmt: skip
+            for name, part in findings.get("per_file", {}).items():
+                lines.append(f"        {name}: {part['passed']} of {part['tests']} passed "
+                             f"({part['source']})")  # fmt: skip
             lines += [f"      FAIL {f}" for f in findings["failures"][:40]]
         if "collected" in findings:
             lines.append(f"      collected {findings['collected']} gpu tests")
         results = findings.get("results") or {}
-        if not findings.get("records") and results:  # killed or failed before its record
-            kept = (
-                "its record stays in the work folder"
-                if entry["step"] == "bench-ablate"
-                else "no record"
-            )
-            lines += [f"      ({kept}; its JSON as last written: {results.get('status')})"]
+        if results:
+            lines.append(f"      (its JSON as last written: {results.get('status')})")
             lines += ["      " + line for line in partial_lines(results)]
-        elif any((case.get("omnibert") or {}).get("profile") for case in results.get("cases", [])):
-            lines += ["      " + line for line in partial_lines(results) if "profile" in line]
         for name, record in findings.get("records", {}).items():
             lines.append(f"      {name}: {record['headline']}")
-            for table in record.get("tables") or []:
-                lines.append("        " + " | ".join(table["columns"]))
-                lines += ["        " + " | ".join(map(str, row)) for row in table["rows"]]
+    if summary.get("records"):
+        lines.append(f"  records in OUT/records: {', '.join(summary['records'])}")
     return lines
 
 
@@ -443,8 +579,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=Path, default=None,
                         help="install the bundle here (default: a new temporary folder)")  # fmt: skip
     parser.add_argument("--rehearse", action="store_true", help="the CPU rehearsal")
-    parser.add_argument("--steps", default=",".join(s.name for s in STEPS),
-                        help="comma-separated steps to run (default: all, in order)")  # fmt: skip
+    parser.add_argument("--steps", default=",".join(DEFAULT_STEPS),
+                        help="comma-separated steps to run, in the check's order (default: "
+                             f"{','.join(DEFAULT_STEPS)})")  # fmt: skip
+    parser.add_argument("--tests", choices=["focus", "all"], default="focus",
+                        help="gpu-tests: the newest work's GPU tests (FOCUS_TESTS) or every "
+                             "file with gpu-marked tests")  # fmt: skip
     parser.add_argument(
         "--bench-gpu-cases",
         default=None,
@@ -479,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     target = (args.target or work / "site").resolve()
     check = Check(out, work, args.bundle.resolve(), target, args.rehearse, args.deadline,
-                  args.bench_gpu_cases, args.test_workers)  # fmt: skip
+                  args.bench_gpu_cases, args.test_workers, args.tests)  # fmt: skip
     paths = [str(target), str(ROOT / "tests"), str(SCRIPTS)]
     check.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                  "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
@@ -505,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"gpu_check: {step.name} {entry['status']} in {entry['seconds']} s", flush=True)
     merge_junit(sorted(work.glob("junit-*.xml")), out / "junit.xml")
+    records = return_records(check)
     probe = next((e["findings"]["probe"] for e in entries if "probe" in e.get("findings", {})), {})
     versions = probe.get("versions", {}).get("detail", {})
     summary = {
@@ -516,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - check.start, 1),
         "ok": all(e["status"] == "ok" for e in entries),
         "steps": entries,
+        "records": records,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(summary_lines(summary)), flush=True)

@@ -6,6 +6,7 @@ stops both sides at the same step; the verdict's arithmetic."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -87,3 +88,46 @@ def test_the_lease_preset_refuses_a_cpu() -> None:
     lease = bench_fp8.parse(["--lease", "--device", "cuda"])
     assert (lease.model, lease.seq, lease.packing, lease.steps) == ("large", 512, "online", 200)
     assert lease.phase == "phase2" and lease.emulate is False and lease.tail == 50
+
+
+def test_the_lease_text_is_prepared_by_omnibert_prepare_and_both_sides_read_it(
+    tmp_path, monkeypatch
+) -> None:
+    """``--text stdlib`` (the lease's data): the corpus is prepared into shards at the pair's
+    sequence length by omnibert-prepare, with masks enough for 15 % of a full sequence, and
+    both sides train on those shards (the model's vocab is the one trained on the text). The
+    corpus here is this repository's docs, one sentence per line, for seconds instead of the
+    standard library's docstrings."""
+    from omnibert.prepare import corpus as corpus_module
+
+    root = Path(__file__).parents[1] / "docs"
+    sentences = [
+        line.strip()
+        for page in sorted(root.rglob("*.md"))
+        for line in page.read_text().splitlines()
+        if len(line.split()) >= 6 and not line.lstrip().startswith(("|", "`", "<", "#"))
+    ]
+
+    class Corpus:
+        def __init__(self, path: Path, documents: int) -> None:
+            self.python_version, self.train_files, self.num_train_documents = (
+                "docs",
+                [path],
+                documents,
+            )
+
+    def build(out_dir: Path, num_train_files: int = 2) -> Corpus:
+        out_dir.mkdir(parents=True)
+        docs = [sentences[i : i + 4] for i in range(0, len(sentences), 4)]
+        path = out_dir / "train.txt"
+        path.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+        return Corpus(path, len(docs))
+
+    monkeypatch.setattr(corpus_module, "build_embedded_corpus", build)
+    results = run_smoke(tmp_path, "--text", "stdlib")
+    text = results["text"]
+    assert text["seq"] == 32 and text["max_predictions_per_seq"] == 5 >= 0.15 * 32
+    assert text["instances"] > 16 * 4 and text["documents"] > 100
+    assert results["steps_run"] == 16 and results["status"] == "done"
+    bf16, fp8 = results["bf16"]["loss"], results["fp8"]["loss"]
+    assert all(map(math.isfinite, bf16 + fp8)) and fp8[0] == pytest.approx(bf16[0], rel=0.01)

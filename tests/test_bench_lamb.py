@@ -45,3 +45,28 @@ def test_bench_lamb_records_failures_and_writes_after_every_stage(tmp_path, monk
     assert len(results["ms_per_step"]["foreach"]) == 2
     record = json.loads((tmp_path / "records" / "lamb-tiny.json").read_text())
     assert "failed: bogus, triton" in record["headline"]
+
+
+def test_the_floor_takes_the_probes_bandwidth_when_given(tmp_path, monkeypatch):
+    """``--bandwidth-from``: the floor at the GPU probe's copy bandwidth (what the lease's
+    other records are read against), its own measurement still recorded; a probe JSON
+    without a measured bandwidth is refused in one sentence."""
+    import bench_lamb
+
+    monkeypatch.setattr(bench_lamb, "copy_bandwidth", lambda device, numel=0, repeats=0: 10e9)
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"ceilings": {"status": "ok", "detail": {
+        "copy_GBps_read_plus_write": 3010.0, "bf16_matmul_TFLOPs": 796.0}}}))  # fmt: skip
+    results = bench_lamb.main(
+        ["--smoke", "--impls", "foreach", "--steps", "1", "--json", str(tmp_path / "l.json"),
+         "--bandwidth-from", str(probe), "--results-dir", str(tmp_path / "records")]
+    )  # fmt: skip
+    assert results["copy_bandwidth_bytes_per_s"] == 3010e9
+    assert results["copy_bandwidths_bytes_per_s"] == [10e9] * 3  # its own, recorded beside
+    assert results["floor_ms"] == pytest.approx(44 * results["parameters"] / 3010e9 * 1e3)
+    assert results["floor_bandwidth_source"].startswith(f"gpu_probe ({probe}")
+    record = json.loads((tmp_path / "records" / "lamb-tiny.json").read_text())
+    assert record["measurements"]["floor_bandwidth_source"] == results["floor_bandwidth_source"]
+    probe.write_text(json.dumps({"ceilings": {"status": "skipped", "detail": "no CUDA device"}}))
+    with pytest.raises(SystemExit, match="holds no measured copy bandwidth"):
+        bench_lamb.main(["--smoke", "--bandwidth-from", str(probe)])

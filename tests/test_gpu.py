@@ -107,16 +107,17 @@ def test_training_with_cuda_graphs(tmp_path, fresh_dynamo):
     assert math.isfinite(summary["validation"]["val/loss"])
 
 
-def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path):
+@pytest.mark.parametrize("impl", ["foreach", "triton"])
+def test_resume_is_bitwise_under_deterministic_algorithms(tmp_path, impl):
     """Eager, deterministic algorithms (Lightning sets torch.use_deterministic_algorithms and
-    the cuBLAS workspace), LAMB's foreach kernel: the Triton kernel sums each tensor's norms
-    with atomics, whose order is not fixed, so it is left out of the bitwise comparison.
+    the cuBLAS workspace), LAMB's foreach kernel and the multi-tensor Triton kernel (its norms
+    are sums of chunk sums in a fixed order, no atomics: omnibert_kernels.lamb_triton).
     CPU twins (test_gpu_twins.py): the same run resumed bitwise, and watched op by op for
     anything that raises on CUDA under deterministic algorithms."""
     common = (
         "trainer.deterministic=true",
         "accelerator.compile=false",
-        "optimizer.impl=foreach",
+        f"optimizer.impl={impl}",
         "phase.max_steps=4",
         "callbacks.checkpoint.every_n_train_steps=1",
         "callbacks.checkpoint.keep_last=null",

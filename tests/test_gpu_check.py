@@ -45,7 +45,7 @@ def test_the_rehearsal_runs_every_step_and_writes_the_summary(project_bundle, tm
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [s.name for s in gpu_check.STEPS]
+    assert [s["step"] for s in steps] == gpu_check.DEFAULT_STEPS
     assert all(s["status"] == "ok" for s in steps), steps
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] and summary["mode"] == "rehearsal (CPU)"
@@ -55,31 +55,44 @@ def test_the_rehearsal_runs_every_step_and_writes_the_summary(project_bundle, tm
     assert "/site/omnibert" in probe["versions"]["detail"]["omnibert"]
     assert probe["triton kernel"]["status"] == "skipped"  # CUDA checks, without CUDA
     assert probe["LAMB step per implementation"]["status"] == "ok"
-    # every file with gpu-marked tests was collected in its own process
+    # the focus files' gpu-marked tests were collected, each file in its own process
     log = (out / "steps.log").read_text()
     collected = {line.split("::")[0] for line in log.splitlines() if line.startswith("tests/")}
-    assert collected == {str(p.relative_to(ROOT)) for p in gpu_check.gpu_test_files()}
-    assert by_step["gpu-tests"]["findings"]["collected"] >= 20
-    records = {p.name for p in (out / "records").iterdir()}
-    assert "gpu-tiny-smoke.json" in records and "lamb-tiny.json" in records, records
-    bench = by_step["bench-gpu"]["findings"]["records"]["gpu-tiny-smoke"]
-    # the lease's three cases, in its order, each with a row
-    assert [row[0] for row in bench["tables"][0]["rows"]] == [
-        "seq 32, none",
-        "seq 32, none",
-        "seq 32, online",
+    assert collected == set(gpu_check.FOCUS_TESTS)
+    assert by_step["gpu-tests"]["findings"]["collected"] >= 15
+    # bench-ablate: the first line against Hugging Face on the same sequences, the variants
+    # alone against it; each side profiled
+    first, *variants = by_step["bench-ablate"]["findings"]["results"]["cases"]
+    assert first["same_sequences"]["how"].startswith("the sequences of omnibert's packed rows")
+    assert "profile" in first["hf"] and first["omnibert"]["profile"]["shares"]
+    assert [c["options"] for c in variants] == [
+        "attention varlen, batch 8, update micro, peer none"
     ]
-    # bench-ablate: a case's own attention and micro batch, each side profiled; its record
-    # stays in the work folder, its figures reach the summary
-    (ablate,) = by_step["bench-ablate"]["findings"]["results"]["cases"]
-    assert ablate["options"] == "attention varlen, micro batch 8" and ablate["micro_batch"] == 8
-    assert ablate["attention"] == "varlen" and ablate["omnibert"]["profile"]["shares"]
-    assert "profile" in by_step["bench-gpu"]["findings"]["results"]["cases"][0]["omnibert"]
-    # what comes back from a lease: at most 8 files, two folders down
+    assert all("hf" not in c and c["ratio_to_first_case"] > 0 for c in variants)
+    assert variants[0]["micro_batch"] == 8 and variants[0]["update"] == "micro"
+    # fp8-pair: both curves over the same steps, the tolerance stated, a verdict
+    pair = by_step["fp8-pair"]["findings"]["results"]
+    assert pair["status"] == "done" and pair["emulate"] is True
+    assert len(pair["bf16"]["loss"]) == len(pair["fp8"]["loss"]) == pair["steps_run"]
+    assert pair["comparison"]["verdict"] in ("pass", "fail", "inconclusive")
+    # bench-modern: ModernBERT against ModernBertForMaskedLM on the same sequences
+    (modern,) = by_step["bench-modern"]["findings"]["results"]["cases"]
+    assert modern["model"] == "modern_tiny" and modern["hf"]["real_tokens_per_sec"] > 0
+    # bench-lamb: timed, its record returned
+    assert by_step["bench-lamb"]["findings"]["results"]["status"] == "done"
+    # what comes back from a lease: the records' JSON (no figures), at most 8 files in all
+    records = {p.name for p in (out / "records").iterdir()}
+    assert records == {
+        "ablate-gpu-tiny-smoke.json", "fp8-fp8-tiny-seq32-smoke.json",
+        "modern-gpu-modern_tiny-smoke.json", "lamb-lamb-tiny.json",
+    }, records  # fmt: skip
+    assert set(summary["records"]) == {name.removesuffix(".json") for name in records}
+    assert json.loads((out / "records" / "lamb-lamb-tiny.json").read_text())["figure"] is None
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 2 for p in files), files
     printed = done.stdout.splitlines()
     assert printed[-1].strip() and any(line.startswith("gpu_check: rehearsal") for line in printed)
+    assert any("x" in line and "the first line" in line for line in printed)
 
 
 def _check(tmp_path: Path, deadline: float) -> gpu_check.Check:
@@ -253,16 +266,25 @@ def test_a_test_file_under_xdist_killed_before_its_report_is_read_too() -> None:
 
 
 def test_a_benchmark_killed_before_its_record_is_summarised_from_its_own_json() -> None:
-    gpu = {"status": "running", "cases": [{"model": "large", "seq": 512, "packing": "none",
-           "omnibert": {"sequences_per_sec": 500.0, "mfu": 0.4}, "hf": {"sequences_per_sec": 400.0},
-           "ratio_sequences_per_sec": 1.25}], "skipped": [{"case": "large:512:online"}]}  # fmt: skip
+    ours = {"real_tokens_per_sec": 120000.0, "sequences_per_sec": 500.0, "mfu": 0.4,
+            "sequences_per_sec_at_histogram_mean": 470.0}  # fmt: skip
+    gpu = {"status": "running", "cases": [
+        {"model": "large", "seq": 512, "packing": "online", "micro_batch": 32, "omnibert": ours,
+         "hf": {"real_tokens_per_sec": 60000.0}, "ratio_sequences_per_sec": 2.0},
+        {"model": "large", "seq": 512, "packing": "online", "micro_batch": 32,
+         "options": "attention varlen, peer none", "omnibert": ours, "ratio_to_first_case": 1.0},
+    ], "skipped": [{"case": "large:512:online"}]}  # fmt: skip
     lines = gpu_check.partial_lines(gpu)
-    assert lines[0].startswith(
-        "BERT-large seq 512 none: omnibert 500.0 seq/s, hf 400.0, ratio 1.25"
+    assert lines[0] == (
+        "large seq 512 online: 120,000 real tokens/s, 500.0 seq/s (470.0 at the histogram's "
+        "mean), MFU 40.0%, micro batch 32; hf 60,000 real tokens/s, ratio 2.00 on the same "
+        "sequences"
     )
-    assert lines[1].startswith("skipped: ")
+    assert lines[1].startswith("large seq 512 online (attention varlen, peer none): 120,000")
+    assert "hf" not in lines[1] and lines[1].endswith("x1.00 the first line")
+    assert lines[2].startswith("skipped: ")
     lamb = {"ms_per_step": {"triton": 9.0}, "floor_ms": 6.0, "errors": {"foreach": "boom"}}
     assert gpu_check.partial_lines(lamb) == [
-        "ms per step {'triton': 9.0}; floor 6.0 ms",
+        "ms per step {'triton': 9.0}; floor 6.0 ms ()",
         "error foreach: boom",
     ]
