@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig
 
-from omnibert.config.node import Node, resolve
+from omnibert.config.node import Node, interpolation_origins, resolve
 from omnibert.config.sections import (
     Accelerator,
     Checkpointing,
@@ -73,6 +73,9 @@ class TrainConfig:
     mlperf: MLPerf | None
     #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
     checkpointing: Checkpointing | None = None
+    #: keys whose value came from another key by interpolation -> that key (messages name
+    #: the key the user typed: config.node.interpolation_origins)
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: DictConfig) -> TrainConfig:
@@ -97,6 +100,7 @@ class TrainConfig:
             compile_only=bool(c.get("compile_only")),
             profile=c.get("profile", False),
             mlperf=mlperf,
+            origins=MappingProxyType(interpolation_origins(cfg)),
             **shared_sections(c),
         )
         if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks
