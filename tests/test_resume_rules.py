@@ -12,6 +12,7 @@ import csv
 import math
 import re
 import shlex
+import signal
 from pathlib import Path
 
 import pytest
@@ -89,12 +90,9 @@ def test_three_runs_with_another_cadence_lose_no_step_and_replan_the_schedule(
 def test_a_new_lr_and_weight_decay_apply_on_resume(tmp_path, compose_config):
     """optimizer.lr and optimizer.weight_decay changed on resume: the plan shows both and the
     LR the resumed step now trains at, and the checkpoint written after the resume holds them
-    in the optimiser's groups, the schedule's peak and the hyper-parameters; the step
-    checkpoint resumed from is not written again (Lightning would, mid-step)."""
+    in the optimiser's groups, the schedule's peak and the hyper-parameters."""
     run = ("phase.max_steps=6", "callbacks.checkpoint.every_n_train_steps=2")
     _run(tmp_path, compose_config, *run, "+callbacks.end={_target_:faults.EndFitAtStep,step:4}")
-    folder = _checkpoints(tmp_path)
-    written = (folder / "step-00000004.ckpt").stat().st_mtime_ns
     summary = _run(tmp_path, compose_config, *run, "ckpt_path=last", "optimizer.lr=2e-3",
                    "optimizer.weight_decay=0.05")  # fmt: skip
     assert summary["plan"]["resume_changes"] == [
@@ -103,9 +101,7 @@ def test_a_new_lr_and_weight_decay_apply_on_resume(tmp_path, compose_config):
         f"the LR at step 4, where this run resumes: {_poly(4, 6, 2e-3):.6g} "
         f"(was {_poly(4, 6):.6g})",
     ]
-    assert (folder / "step-00000004.ckpt").stat().st_mtime_ns == written
-    assert not list(folder.glob("*-v*.ckpt"))
-    after = load_state(folder / "last.ckpt")
+    after = load_state(_checkpoints(tmp_path) / "last.ckpt")
     assert after["global_step"] == 6
     assert after["hyper_parameters"]["optimizer"]["lr"] == 2e-3
     (schedule,) = after["lr_schedulers"]
@@ -114,6 +110,33 @@ def test_a_new_lr_and_weight_decay_apply_on_resume(tmp_path, compose_config):
     assert decay["initial_lr"] == no_decay["initial_lr"] == 2e-3
     assert decay["lr"] == pytest.approx(_poly(6, 6, 2e-3), abs=1e-15)
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+
+
+def test_a_run_stopped_by_sigterm_resumes_without_saving_its_step_again(
+    tmp_path, compose_config, capsys
+):
+    """Stopped by SIGTERM after step 1 (a checkpoint every step), resumed: the stop's
+    step-00000001.ckpt is not written again (Lightning would, at the first micro-batch of the
+    resumed run, mid-step: issue 43's stray step-00000001-v1.ckpt), no -vN file appears and
+    the resumed run ends at step 3 with keep_last=3 step files and last.ckpt the newest."""
+    run = ("phase.max_steps=3", "callbacks.checkpoint.every_n_train_steps=1")
+    with pytest.raises(SystemExit) as stopped:
+        _run(
+            tmp_path, compose_config, *run, "+callbacks.term={_target_:faults.SigtermAtStep,step:1}"
+        )
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM at step 1" in capsys.readouterr().err
+    folder = _checkpoints(tmp_path)
+    written = (folder / "step-00000001.ckpt").stat().st_mtime_ns
+    assert _run(tmp_path, compose_config, *run, "ckpt_path=last")["steps"] == 3
+    assert (folder / "step-00000001.ckpt").stat().st_mtime_ns == written
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "last.ckpt",
+        "step-00000001.ckpt",
+        "step-00000002.ckpt",
+        "step-00000003.ckpt",
+    ]
+    assert load_state(folder / "last.ckpt")["global_step"] == 3
 
 
 @pytest.fixture(scope="module")
