@@ -12,6 +12,7 @@ import csv
 import math
 import re
 import shlex
+import shutil
 import signal
 from pathlib import Path
 
@@ -137,6 +138,20 @@ def test_a_run_stopped_by_sigterm_resumes_without_saving_its_step_again(
         "step-00000003.ckpt",
     ]
     assert load_state(folder / "last.ckpt")["global_step"] == 3
+
+
+def test_last_resumes_the_newest_of_an_older_versions_last_v_files(tmp_path, compose_config):
+    """A run directory written before issue 43's fix: last.ckpt at step 2 and last-v1.ckpt
+    (Lightning's versioned name) at step 4, the newest. ckpt_path=last resumes step 4."""
+    _run(tmp_path, compose_config, "phase.max_steps=4",
+         "callbacks.checkpoint.every_n_train_steps=2")  # fmt: skip
+    folder = _checkpoints(tmp_path)
+    shutil.copyfile(folder / "last.ckpt", folder / "last-v1.ckpt")
+    shutil.copyfile(folder / "step-00000002.ckpt", folder / "last.ckpt")
+    summary = _run(tmp_path, compose_config, "phase.max_steps=6", "ckpt_path=last")
+    assert summary["plan"]["ckpt_path"] == str(folder / "last-v1.ckpt")
+    assert summary["plan"]["resume_changes"][0].startswith("phase.max_steps: 4 -> 6 steps")
+    assert load_state(folder / "last.ckpt")["global_step"] == 6
 
 
 @pytest.fixture(scope="module")
