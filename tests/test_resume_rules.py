@@ -255,3 +255,24 @@ def test_the_nonfinite_advice_followed_literally_trains_on(
     name = keys[0].partition("=")[2] if fresh else "smoke"
     folder = _checkpoints(tmp_path, name)
     assert load_state(folder / "last.ckpt")["global_step"] == 6
+
+
+def test_in_a_run_of_phases_the_advice_names_the_phase_keys(tmp_path, compose_config, capsys):
+    """The same divergence in phase 1 of a two-phase run: the advice's keys are that phase's
+    (++phases.phase1.ckpt_path, ++phases.phase1.optimizer.lr), and the same command with them
+    finishes both phases with a finite loss."""
+    run = ("experiment=smoke_two_phase", "accelerator.threads=1", "data.num_workers=0",
+           "callbacks.checkpoint.every_n_train_steps=1", "trainer.nonfinite=stop",
+           "+phases.phase1.optimizer.lr=1e30")  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        run_or_exit(compose_config(*run, root=tmp_path), None)
+    assert stopped.value.code == 65
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    found = re.search(r": (\+\+phases\.phase1\.ckpt_path=\S+ \S+)", line)
+    assert found, line
+    keys = shlex.split(found.group(1))
+    assert keys[-1] == "++phases.phase1.optimizer.lr=0.006"
+    summary = run_or_exit(compose_config(*run, *keys, root=tmp_path), None)["phases"]
+    assert (summary["phase1"]["steps"], summary["phase2"]["steps"]) == (4, 2)
+    assert summary["phase1"]["nonfinite_skipped_steps"] == 0
+    assert math.isfinite(summary["phase2"]["validation"]["val/loss"])
