@@ -9,7 +9,8 @@
   ``on_train_batch_end`` by Lightning < 2.5 resume with the next batch.
 """
 
-from omnibert.callbacks.checkpoint import CompletedBatchProgress, PretrainingCheckpoint
+from omnibert.callbacks.batch_progress import CompletedBatchProgress
+from omnibert.callbacks.checkpoint import PretrainingCheckpoint
 from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO
 from omnibert.callbacks.throughput import PretrainingThroughput
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,9 @@ __all__ = ["CompletedBatchProgress", "PretrainingCheckpoint"]
 log = logging.getLogger("omnibert.checkpoint")
 
 _UNSET: Any = object()
+
+#: a name of the default template, ``step-{step:08d}`` (and an older version's ``-vN``)
+_NAMED_STEP = re.compile(r"step-(\d+)(?:-v\d+)?\.ckpt")
 
 #: subtracted from the score of a step checkpoint past the step a run resumed: a continuation
 #: the resume abandoned, ranked below every file of the run's own history (pruned first)
@@ -176,11 +180,13 @@ class PretrainingCheckpoint(ModelCheckpoint):
         found: dict[str, int] = {}
         if trainer.is_global_zero:
             prefix = str(self.filename or "").split("{", 1)[0]
+            fast = self.filename == "step-{step:08d}"  # the step is in the name (no file read)
             folder = Path(str(self.dirpath))
             for path in sorted(folder.glob(f"{prefix}*{self.FILE_EXTENSION}")):
                 if path.name.startswith(self.CHECKPOINT_NAME_LAST):
                     continue
-                step = saved_step(path)
+                named = _NAMED_STEP.fullmatch(path.name)
+                step = int(named.group(1)) if named and fast else saved_step(path)
                 if step is not None:  # unreadable: not ours to count or remove
                     found[str(path)] = step
         found = trainer.strategy.broadcast(found)
