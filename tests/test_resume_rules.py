@@ -20,6 +20,7 @@ import pytest
 import torch
 from training_state import load_state
 
+from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.errors import UserError
 from omnibert.run.pretraining import prepare
@@ -276,3 +277,38 @@ def test_in_a_run_of_phases_the_advice_names_the_phase_keys(tmp_path, compose_co
     assert (summary["phase1"]["steps"], summary["phase2"]["steps"]) == (4, 2)
     assert summary["phase1"]["nonfinite_skipped_steps"] == 0
     assert math.isfinite(summary["phase2"]["validation"]["val/loss"])
+
+
+def test_a_fine_tuning_resume_applies_task_lr_and_task_epochs(tmp_path, tiny_hf, capsys):
+    """omnibert-finetune stopped by SIGTERM after step 2 of 4 and resumed with another task.lr
+    and one more epoch: the plan names the keys fine-tuning takes (task.lr, task.epochs), and
+    the final checkpoint holds the new LR in the optimiser's groups and the schedule."""
+    from finetune_data import mrpc_file
+
+    from omnibert.apps import finetune
+
+    train = mrpc_file(tmp_path / "train.tsv", 16, seed=1)  # 2 steps of 8 per epoch
+    run = ["task=mrpc", f"data.train_file={train}", f"model.init_from={tiny_hf}",
+           f"paths.output_root={tmp_path / 'runs'}", "task.batch_size=8",
+           "task.max_seq_length=32", "logger=none", "trainer.enable_progress_bar=false",
+           "task.lr=1e-4", "task.epochs=2"]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        finetune.run_or_exit(
+            compose("finetune", [*run, "+callbacks.term={_target_:faults.SigtermAtStep,step:2}"])
+        )
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM at step 2" in capsys.readouterr().err
+    summary = finetune.run_or_exit(
+        compose("finetune", [*run, "ckpt_path=last", "task.lr=3e-4", "task.epochs=3"])
+    )
+    assert summary["steps"] == 6
+    changes = summary["plan"]["resume_changes"]
+    assert changes[0].startswith("steps (task.epochs × steps per epoch): 4 -> 6; the schedule")
+    assert (
+        "task.lr: 0.0001 -> 0.0003 (the optimiser's groups and the schedule's peak take it)"
+        in changes
+    )
+    final = load_state(Path(summary["checkpoint"]))
+    assert final["hyper_parameters"]["optimizer"]["lr"] == 3e-4
+    assert [g["initial_lr"] for g in final["optimizer_states"][0]["param_groups"]] == [3e-4, 3e-4]
+    assert final["lr_schedulers"][0]["base_lrs"] == [3e-4, 3e-4]

@@ -77,6 +77,11 @@ class ResumeKeys:
             return f"{self.max_steps}={steps}"
         return f"{self.max_steps} ({steps} steps)"
 
+    def length_change(self, before: int, after: int) -> str:
+        if self.max_steps == "phase.max_steps":
+            return f"{self.max_steps}: {before} -> {after} steps"
+        return f"steps ({self.max_steps} × steps per epoch): {before} -> {after}"
+
 
 PRETRAINING = ResumeKeys("phase.max_steps", "optimizer.lr", "phase.global_batch_size",
                          "phase.init_from")  # fmt: skip
@@ -132,8 +137,8 @@ def plan_resume(
     old_total = hparams.get("total_steps")
     if old_total is not None and old_total != now.total_steps:
         lines.append(
-            f"{keys.max_steps}: {old_total} -> {now.total_steps} steps; the schedule is "
-            f"re-planned over {now.total_steps} steps and goes on from step {step}"
+            f"{keys.length_change(old_total, now.total_steps)}; the schedule is re-planned "
+            f"over {now.total_steps} steps and goes on from step {step}"
         )
     old_optimizer = hparams.get("optimizer") or {}
     lines += _optimizer_changes(old_optimizer, now.optimizer, ckpt, keys, fresh, error)
