@@ -163,6 +163,11 @@ def two_steps(tmp_path_factory, compose_config) -> Path:
     return root
 
 
+#: the way out of every refusal: a new run from the checkpoint's weights, in its own directory
+FRESH = ("start a new run from its weights (a fresh optimiser and schedule): "
+         "phase.init_from={ckpt} run_name=smoke-from-step2, without ckpt_path.")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("overrides", "sentence"),
     [
@@ -172,27 +177,24 @@ def two_steps(tmp_path_factory, compose_config) -> Path:
         (["phase.global_batch_size=16"],
          "phase.global_batch_size=16 but ckpt_path={ckpt} was trained with 8: its data position "
          "and gradient accumulation are counted in steps of 8 sequences, so another batch "
-         "cannot go on exactly from there; resume with phase.global_batch_size=8, or start "
-         "afresh from its weights with phase.init_from={ckpt}."),
+         "cannot go on exactly from there; resume with phase.global_batch_size=8, or " + FRESH),
         (["optimizer=adamw", "optimizer.lr=1e-3"],
          "optimizer._target_=omnibert.optim.AdamW but ckpt_path={ckpt} was trained with "
          "omnibert.optim.Lamb: its saved state belongs to that optimiser; resume with the "
-         "optimizer group whose _target_ is omnibert.optim.Lamb, or start afresh from its "
-         "weights with phase.init_from={ckpt}."),
+         "optimizer group whose _target_ is omnibert.optim.Lamb, or " + FRESH),
         (["optimizer.no_weight_decay=[bias]"],
          "optimizer.no_weight_decay=['bias'] but ckpt_path={ckpt} was trained with ['bias', "
          "'LayerNorm', 'layer_norm', '_norm']: it decides the parameter groups the saved state "
          "is kept in; resume with optimizer.no_weight_decay=['bias', 'LayerNorm', 'layer_norm', "
-         "'_norm'], or start afresh from its weights with phase.init_from={ckpt}."),
+         "'_norm'], or " + FRESH),
         (["~schedule"],
          "schedule=null but ckpt_path={ckpt} was trained with the schedule "
          "omnibert.optim.schedules.PolyWarmupLR, whose position a resume continues; resume "
-         "with its schedule, or start afresh from its weights with phase.init_from={ckpt}."),
+         "with its schedule, or " + FRESH),
         (["trainer.precision=bf16-true", "accelerator.allow_slow_bf16=true"],
          "trainer.precision=bf16-true but ckpt_path={ckpt} was trained in 32-true: the dtype "
          "the weights themselves are kept in would change; resume with "
-         "trainer.precision=32-true, or start afresh from its weights with "
-         "phase.init_from={ckpt}."),
+         "trainer.precision=32-true, or " + FRESH),
     ],
     ids=["shorter", "global-batch", "optimizer", "groups", "no-schedule", "half-weights"],
 )  # fmt: skip
@@ -206,6 +208,17 @@ def test_what_cannot_be_honoured_is_refused_in_one_sentence(
         prepare(config)
     assert str(refused.value) == sentence.format(ckpt=ckpt)
     assert {p.name: p.stat().st_mtime_ns for p in ckpt.parent.iterdir()} == before
+
+
+def test_the_way_out_of_a_refusal_followed_literally_trains(two_steps, compose_config):
+    """The global batch refused on resume: its way out, typed as printed (ckpt_path dropped),
+    starts a new run from the checkpoint's weights in a directory of its own."""
+    ckpt = _checkpoints(two_steps) / "last.ckpt"
+    keys = shlex.split(FRESH.format(ckpt=ckpt).split(": ", 1)[1].split(", without")[0])
+    summary = _run(two_steps, compose_config, "phase.global_batch_size=16", "phase.max_steps=2",
+                   *keys)  # fmt: skip
+    assert summary["steps"] == 2 and summary["run_name"] == "smoke-from-step2"
+    assert summary["plan"]["init_from"] == str(ckpt)
 
 
 def test_the_plan_names_no_change_when_nothing_changed(two_steps, compose_config):

@@ -185,13 +185,9 @@ class NonFiniteSteps(pl.Callback):
             "same batches"
         )
         if found is None:
-            name = self.advice.run_name or "<a new name>"
             value = lower.partition("=")[2]
-            fresh = (
-                f"run_name={name}-lr{value}"
-                if value and self.advice.run_name
-                else ("run_name=<a new name>")
-            )
+            run = self.advice.run_name
+            fresh = f"run_name={run}-lr{value}" if value and run else "run_name=<a new name>"
             return (
                 f"{said}; no checkpoint kept holds finite weights from before step {good}, "
                 f"so start afresh with a lower learning rate under a new run name: {fresh} "

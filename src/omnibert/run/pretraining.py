@@ -191,7 +191,9 @@ def plan_run(
     changes = (
         []
         if ckpt is None
-        else plan_resume(ckpt, run_settings(config, batch, precision, micro_clip))
+        else plan_resume(
+            ckpt, run_settings(config, batch, precision, micro_clip), run_name=config.run_name
+        )
     )  # what differs from the checkpoint: applied and shown, or refused in one sentence
     next_sentence = next_sentence_objective(model)
     if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:

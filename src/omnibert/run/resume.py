@@ -117,9 +117,12 @@ def plan_resume(
     now: RunSettings,
     keys: ResumeKeys = PRETRAINING,
     error: type[UserError] = TrainConfigError,
+    run_name: str | None = None,
 ) -> list[str]:
     """The plan's lines of what differs from the checkpoint ``ckpt`` and is applied (empty:
-    nothing); raises ``error`` for what cannot be honoured (module docstring)."""
+    nothing); raises ``error`` for what cannot be honoured (module docstring), its way out
+    naming a new run (another ``run_name`` than ``run_name``, whose directory holds the
+    checkpoints) where a resume cannot be made."""
     try:
         saved = load_checkpoint(ckpt, mmap=True)
     except Exception as err:
@@ -127,7 +130,11 @@ def plan_resume(
     step = int(saved.get("global_step") or 0)
     hparams = saved.get("hyper_parameters") or {}
     record = saved.get(RUN_RECORD_KEY) or {}
-    fresh = f"start afresh from its weights with {keys.fresh}={ckpt}"
+    name = f"{run_name}-from-step{step}" if run_name else "<another name>"
+    fresh = (
+        f"start a new run from its weights (a fresh optimiser and schedule): {keys.fresh}="
+        f"{ckpt} run_name={name}, without ckpt_path"
+    )
     if now.total_steps < step:
         raise error(
             f"{keys.length(now.total_steps)} ends before step {step}, where ckpt_path={ckpt} "
