@@ -90,16 +90,19 @@ def test_three_runs_with_another_cadence_lose_no_step_and_replan_the_schedule(
 
 
 def test_a_new_lr_and_weight_decay_apply_on_resume(tmp_path, compose_config):
-    """optimizer.lr and optimizer.weight_decay changed on resume: the plan shows both and the
-    LR the resumed step now trains at, and the checkpoint written after the resume holds them
-    in the optimiser's groups, the schedule's peak and the hyper-parameters."""
+    """optimizer.lr, optimizer.weight_decay and the warm-up changed on resume: the plan shows
+    each by the key typed, the moved warm-up and the LR the resumed step now trains at, and
+    the checkpoint written after the resume holds them in the optimiser's groups, the
+    schedule and the hyper-parameters."""
     run = ("phase.max_steps=6", "callbacks.checkpoint.every_n_train_steps=2")
     _run(tmp_path, compose_config, *run, "+callbacks.end={_target_:faults.EndFitAtStep,step:4}")
     summary = _run(tmp_path, compose_config, *run, "ckpt_path=last", "optimizer.lr=2e-3",
-                   "optimizer.weight_decay=0.05")  # fmt: skip
+                   "optimizer.weight_decay=0.05", "phase.warmup_proportion=0.1")  # fmt: skip
     assert summary["plan"]["resume_changes"] == [
         "optimizer.lr: 0.006 -> 0.002 (the optimiser's groups and the schedule's peak take it)",
         "optimizer.weight_decay: 0.01 -> 0.05",
+        "phase.warmup_proportion: 0.2843 -> 0.1",  # the key typed (schedule's by interpolation)
+        "schedule: its warm-up ends at step 0.6 (was 1.7058)",
         f"the LR at step 4, where this run resumes: {_poly(4, 6, 2e-3):.6g} "
         f"(was {_poly(4, 6):.6g})",
     ]
@@ -112,6 +115,7 @@ def test_a_new_lr_and_weight_decay_apply_on_resume(tmp_path, compose_config):
     assert decay["initial_lr"] == no_decay["initial_lr"] == 2e-3
     assert decay["lr"] == pytest.approx(_poly(6, 6, 2e-3), abs=1e-15)
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+    assert schedule["warmup"] == pytest.approx(0.6)
 
 
 def test_a_run_stopped_by_sigterm_resumes_without_saving_its_step_again(

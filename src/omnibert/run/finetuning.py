@@ -163,7 +163,9 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
     )
     if ckpt_path is not None:  # what differs from the checkpoint: applied, or refused
         settings = _settings(config, plan, world)
-        changes = plan_resume(ckpt_path, settings, FINETUNING, FineTuneInputError, config.run_name)
+        changes = plan_resume(
+            ckpt_path, settings, FINETUNING, FineTuneInputError, config.run_name, config.origins
+        )
         plan = dataclasses.replace(plan, resume_changes=changes)
     datamodule = FineTuneDataModule(
         feats.tensors, inputs.micro_batch_size, config.seed, config.data.num_workers,

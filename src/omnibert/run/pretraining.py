@@ -192,7 +192,10 @@ def plan_run(
         []
         if ckpt is None
         else plan_resume(
-            ckpt, run_settings(config, batch, precision, micro_clip), run_name=config.run_name
+            ckpt,
+            run_settings(config, batch, precision, micro_clip),
+            run_name=config.run_name,
+            origins=config.origins,
         )
     )  # what differs from the checkpoint: applied and shown, or refused in one sentence
     next_sentence = next_sentence_objective(model)

@@ -118,11 +118,14 @@ def plan_resume(
     keys: ResumeKeys = PRETRAINING,
     error: type[UserError] = TrainConfigError,
     run_name: str | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The plan's lines of what differs from the checkpoint ``ckpt`` and is applied (empty:
     nothing); raises ``error`` for what cannot be honoured (module docstring), its way out
     naming a new run (another ``run_name`` than ``run_name``, whose directory holds the
-    checkpoints) where a resume cannot be made."""
+    checkpoints) where a resume cannot be made. ``origins`` (the typed config's) name an
+    interpolated setting by the key it was typed at (``phase.warmup_proportion``, not
+    ``schedule.warmup_proportion``)."""
     try:
         saved = load_checkpoint(ckpt, mmap=True)
     except Exception as err:
@@ -148,8 +151,10 @@ def plan_resume(
             f"over {now.total_steps} steps and goes on from step {step}"
         )
     old_optimizer = hparams.get("optimizer") or {}
-    lines += _optimizer_changes(old_optimizer, now.optimizer, ckpt, keys, fresh, error)
-    lines += _schedule_changes(saved, hparams, now, step, ckpt, fresh, error)
+    typed = dict(origins or {})
+    typed.setdefault("optimizer.lr", keys.lr)
+    lines += _optimizer_changes(old_optimizer, now.optimizer, ckpt, typed, fresh, error)
+    lines += _schedule_changes(saved, hparams, now, step, ckpt, fresh, error, typed)
     clip = hparams.get("clip_grad_per_micro_batch")
     if "clip_grad_per_micro_batch" in hparams and clip != now.clip_grad_per_micro_batch:
         lines.append(f"clip_grad_per_micro_batch: {clip} -> {now.clip_grad_per_micro_batch}")
@@ -162,8 +167,8 @@ def plan_resume(
 
 
 def _optimizer_changes(
-    old: Mapping[str, Any], new: Mapping[str, Any], ckpt: str, keys: ResumeKeys, fresh: str,
-    error: type[UserError],
+    old: Mapping[str, Any], new: Mapping[str, Any], ckpt: str, typed: Mapping[str, str],
+    fresh: str, error: type[UserError],
 ) -> list[str]:  # fmt: skip
     if not old:
         return []
@@ -182,17 +187,18 @@ def _optimizer_changes(
                 f"optimizer.{key}={after} but ckpt_path={ckpt} was trained with {before}: "
                 f"{_STATE_SHAPING[key]}; resume with {back}, or {fresh}."
             )
+        name = typed.get(f"optimizer.{key}", f"optimizer.{key}")
         if key == "lr":
-            lines.append(f"{keys.lr}: {_number(before)} -> {_number(after)} (the optimiser's "
+            lines.append(f"{name}: {_number(before)} -> {_number(after)} (the optimiser's "
                          "groups and the schedule's peak take it)")  # fmt: skip
         else:
-            lines.append(f"optimizer.{key}: {before} -> {after}")
+            lines.append(f"{name}: {before} -> {after}")
     return lines
 
 
 def _schedule_changes(
     saved: Mapping[str, Any], hparams: Mapping[str, Any], now: RunSettings, step: int,
-    ckpt: str, fresh: str, error: type[UserError],
+    ckpt: str, fresh: str, error: type[UserError], typed: Mapping[str, str],
 ) -> list[str]:  # fmt: skip
     if "schedule" not in hparams:
         return []
@@ -207,7 +213,7 @@ def _schedule_changes(
     if old is None or new is None:
         return []
     lines = [
-        f"schedule.{key}: {old.get(key)} -> {new.get(key)}"
+        f"{typed.get(f'schedule.{key}', f'schedule.{key}')}: {old.get(key)} -> {new.get(key)}"
         for key in sorted(set(old) | set(new))
         if key != "_partial_" and old.get(key) != new.get(key)
     ]
