@@ -432,3 +432,28 @@ class EndFitAtStep(pl.Callback):
     ) -> None:  # fmt: skip
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+class SigtermAtStep(pl.Callback):
+    """A real ``SIGTERM`` to this process once optimiser step ``step`` is done, for a run
+    inside the test process: omnibert's handler (installed by the app's ``exit_on``) notes it
+    and the run stops at the next micro-batch boundary, as a signal from outside would stop
+    it. Refuses to send it where omnibert does not handle SIGTERM (it would end the process)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = int(step)
+        self._sent = False
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        if self._sent or trainer.global_step < self.step:
+            return
+        from omnibert import stopping
+
+        if signal.getsignal(signal.SIGTERM) != stopping._STATE.handle:
+            raise RuntimeError("SigtermAtStep: omnibert does not handle SIGTERM here")
+        self._sent = True
+        signal.raise_signal(signal.SIGTERM)

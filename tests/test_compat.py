@@ -160,7 +160,7 @@ class _Trainer:
 @pytest.fixture
 def lightning_2_3(monkeypatch):
     monkeypatch.setattr(
-        "omnibert.callbacks.checkpoint.lightning_resumes_after_batch_end", lambda: False
+        "omnibert.callbacks.batch_progress.lightning_resumes_after_batch_end", lambda: False
     )
 
 

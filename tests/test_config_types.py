@@ -106,3 +106,24 @@ def test_eval_checks_its_report_file_before_evaluating(tmp_path) -> None:
     cfg = compose("eval", [f"ckpt={tmp_path / 'missing.ckpt'}", f"out={tmp_path}"])
     with pytest.raises(PathError, match=r"is a directory; name a file in it instead"):
         eval_app.run(cfg, None)
+
+
+def test_a_value_set_through_an_interpolation_names_the_key_typed(tmp_path, tiny_hf) -> None:
+    """Fine-tuning's ``task.lr`` reaches the optimiser as ``optimizer.lr`` (through
+    ``phase.lr.adamw``): a bad value names ``task.lr``, the key the user typed (issue 43)."""
+    from finetune_data import mrpc_file
+
+    from omnibert.apps import finetune
+
+    tsv = mrpc_file(tmp_path / "train.tsv", 4, seed=1)
+    cfg = compose("finetune", [
+        "task=mrpc", f"data.train_file={tsv}", f"model.init_from={tiny_hf}",
+        f"paths.output_root={tmp_path / 'runs'}", "task.lr=big",
+    ])  # fmt: skip
+    with pytest.raises(UserError) as refused:
+        finetune.run(cfg)
+    assert str(refused.value) == (
+        "task.lr='big' is not a number (it sets optimizer.lr: omnibert.optim.AdamW takes lr as "
+        "a number); fix task.lr."
+    )
+    assert not (tmp_path / "runs").exists()

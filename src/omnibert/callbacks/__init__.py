@@ -5,11 +5,12 @@
 * :class:`~omnibert.callbacks.checkpoint_io.AtomicCheckpointIO`: write-then-rename checkpoints.
 * :class:`~omnibert.callbacks.checkpoint.PretrainingCheckpoint`: ``ModelCheckpoint`` that
   also saves the final step.
-* :class:`~omnibert.callbacks.checkpoint.CompletedBatchProgress`: checkpoints written in
+* :class:`~omnibert.callbacks.batch_progress.CompletedBatchProgress`: checkpoints written in
   ``on_train_batch_end`` by Lightning < 2.5 resume with the next batch.
 """
 
-from omnibert.callbacks.checkpoint import CompletedBatchProgress, PretrainingCheckpoint
+from omnibert.callbacks.batch_progress import CompletedBatchProgress
+from omnibert.callbacks.checkpoint import PretrainingCheckpoint
 from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO
 from omnibert.callbacks.throughput import PretrainingThroughput
 

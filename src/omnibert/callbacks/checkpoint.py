@@ -11,6 +11,20 @@ step checkpoint and ``last.ckpt`` at the end of training unless that step is alr
 ``keep_last=N`` keeps the newest N ``step-*.ckpt`` besides ``last.ckpt`` (Lightning's
 ``save_top_k`` with the step monitored; :class:`omnibert.config.sections.Checkpointing`).
 
+``last.ckpt`` is always the newest checkpoint, whatever changed between runs: Lightning's
+version counter (``last-v1.ckpt``, ``step-00000020-v1.ckpt``: a name taken by a file its
+bookkeeping does not know, e.g. after ``every_n_train_steps`` changed, which changes the
+callback's state key so its state is not restored) is off, so a name is always the same
+file, replaced atomically. At the start of training the bookkeeping is rebuilt from the
+directory itself (:meth:`PretrainingCheckpoint.on_train_start`): ``keep_last`` counts every
+step checkpoint there, earlier runs' included; files of steps after the one resumed (a
+continuation the resume abandons) are the first pruned. A run resumed from another file
+than ``last.ckpt`` copies it to ``last.ckpt`` first (so ``ckpt_path=last`` resumes the
+state this run started from, never the abandoned continuation), and never saves the
+resumed step again (Lightning would, at the first micro-batch, mid-step).
+:meth:`~PretrainingCheckpoint.hold` keeps one file from being pruned while the run decides
+whether it is needed (the non-finite guard's pre-divergence checkpoint).
+
 A write that fails (:class:`~omnibert.callbacks.checkpoint_io.CheckpointWriteError`: a full
 disk, a quota, a read-only remount, an I/O error) leaves the files already there untouched, and
 Lightning's bookkeeping (``best_k_models``, ``last_model_path``, the step last saved) as it was
@@ -20,30 +34,40 @@ right one. ``on_write_error=stop`` (the default) ends the run with one sentence 
 end of training, and the one of a stop by SIGTERM (:meth:`save_final`), end the run on a
 failure either way: that state would be lost.
 
-:class:`CompletedBatchProgress` makes checkpoints written by Lightning < 2.5 (the IPU
-environment's 2.3) inside ``on_train_batch_end`` resume with the next batch, as 2.5 does.
+:class:`~omnibert.callbacks.batch_progress.CompletedBatchProgress` makes checkpoints written
+by Lightning < 2.5 inside ``on_train_batch_end`` resume with the next batch, as 2.5 does.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-from omnibert.callbacks.checkpoint_io import CheckpointWriteError
+from omnibert.callbacks.batch_progress import CompletedBatchProgress
+from omnibert.callbacks.checkpoint_io import CheckpointWriteError, atomic_copy
 from omnibert.ckpt_files import saved_step
-from omnibert.compat import lightning_resumes_after_batch_end
 from omnibert.config.sections import Checkpointing
+
+__all__ = ["CompletedBatchProgress", "PretrainingCheckpoint"]
 
 log = logging.getLogger("omnibert.checkpoint")
 
 _UNSET: Any = object()
+
+#: a name of the default template, ``step-{step:08d}`` (and an older version's ``-vN``)
+_NAMED_STEP = re.compile(r"step-(\d+)(?:-v\d+)?\.ckpt")
+
+#: subtracted from the score of a step checkpoint past the step a run resumed: a continuation
+#: the resume abandoned, ranked below every file of the run's own history (pruned first)
+_ABANDONED = float(2**40)
 
 #: the bookkeeping of ModelCheckpoint a failed write puts back
 _BOOKKEEPING = (
@@ -70,6 +94,7 @@ class PretrainingCheckpoint(ModelCheckpoint):
             kwargs.setdefault("monitor", "step")
             kwargs.setdefault("mode", "max")
         kwargs["save_top_k"] = settings.save_top_k
+        kwargs["enable_version_counter"] = False  # one name, one file: last.ckpt is the newest
         super().__init__(*args, **kwargs)
         self.keep_last = settings.keep_last
         self.on_write_error = settings.on_write_error
@@ -77,6 +102,100 @@ class PretrainingCheckpoint(ModelCheckpoint):
         self._failed_step = -1  # the step whose write failed (skip: not tried twice)
         #: this step's step-*.ckpt, written, and the bookkeeping before it (step, path, state)
         self._this_step: tuple[int, str, dict[str, Any]] | None = None
+        self._held: str | None = None  # a step checkpoint kept from pruning (hold())
+
+    @property
+    def state_key(self) -> str:
+        """Without the cadence (Lightning's has it): a run resumed with another
+        ``every_n_train_steps`` restores this callback's state all the same."""
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._adopt_directory(trainer)
+        resumed = trainer.ckpt_path
+        if resumed is None:
+            return
+        self._last_global_step_saved = trainer.global_step  # that state is on disk already
+        last = self._last_path()
+        if self.save_last and last is not None and Path(resumed).resolve() != last.resolve():
+            if trainer.is_global_zero:  # ckpt_path=last: where this run started
+                try:
+                    atomic_copy(resumed, last)
+                except CheckpointWriteError as err:
+                    raise err.explain(
+                        f" (a copy of {resumed}, the checkpoint this run resumes): {err.fix}, "
+                        "and run it again"
+                    ) from None
+                log.info("copied %s to %s, the state this run resumes", resumed, last)
+            trainer.strategy.barrier("omnibert resumed checkpoint copied")
+            self.last_model_path = str(last)
+
+    def step_checkpoints(self) -> dict[str, int]:
+        """The step checkpoints this run's history holds (path -> step), files of an
+        abandoned continuation left out."""
+        return {
+            path: int(score)
+            for path, score in self.best_k_models.items()
+            if float(score) >= 0 and self._fs.exists(path)
+        }
+
+    def hold(self, path: str | None) -> None:
+        """Keep ``path`` from being pruned (None: release the file held; it is pruned again
+        as ``keep_last`` says, at the next save)."""
+        previous, self._held = self._held, path
+        if previous and previous != path and self._fs.exists(previous):
+            step = saved_step(previous)
+            if step is not None and previous not in self.best_k_models:
+                self.best_k_models[previous] = torch.tensor(step)
+                self._rank_again()
+
+    def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
+        """Lightning's rule without its exception for the file the run resumed from: that
+        state is in ``last.ckpt`` (:meth:`on_train_start`), and ``keep_last`` counts every
+        step checkpoint in the directory."""
+        if super()._should_remove_checkpoint(trainer, previous, current):
+            return True
+        if previous == current or not self.dirpath or trainer.ckpt_path is None:
+            return False
+        resumed = Path(previous).absolute() == Path(trainer.ckpt_path).absolute()
+        return resumed and Path(str(self.dirpath)).absolute() in Path(previous).absolute().parents
+
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._held is not None and Path(filepath) == Path(self._held):
+            return  # held (hold()): forgotten by the bookkeeping, kept on disk
+        super()._remove_checkpoint(trainer, filepath)
+
+    def _last_path(self) -> Path | None:
+        if not self.dirpath:
+            return None
+        return Path(str(self.dirpath)) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+
+    def _adopt_directory(self, trainer: pl.Trainer) -> None:
+        """The bookkeeping of the newest-N step checkpoints rebuilt from the directory (rank
+        0 reads it): every ``step-*.ckpt`` there, scored by its step, those after the step
+        this run starts from below all others (module docstring)."""
+        if self.monitor != "step" or self.mode != "max" or not self.dirpath:
+            return
+        found: dict[str, int] = {}
+        if trainer.is_global_zero:
+            prefix = str(self.filename or "").split("{", 1)[0]
+            fast = self.filename == "step-{step:08d}"  # the step is in the name (no file read)
+            folder = Path(str(self.dirpath))
+            for path in sorted(folder.glob(f"{prefix}*{self.FILE_EXTENSION}")):
+                if path.name.startswith(self.CHECKPOINT_NAME_LAST):
+                    continue
+                named = _NAMED_STEP.fullmatch(path.name)
+                step = int(named.group(1)) if named and fast else saved_step(path)
+                if step is not None:  # unreadable: not ours to count or remove
+                    found[str(path)] = step
+        found = trainer.strategy.broadcast(found)
+        now = trainer.global_step
+        self.best_k_models = {
+            path: torch.tensor(float(step) if step <= now else step - _ABANDONED)
+            for path, step in found.items()
+        }
+        self._rank_again()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._should_skip_saving_checkpoint(trainer) or trainer.global_step == 0:
@@ -231,65 +350,3 @@ class PretrainingCheckpoint(ModelCheckpoint):
             return "no checkpoint of this run was written before"
         step = saved_step(last)
         return f"{last} (step {'?' if step is None else step}) is intact"
-
-
-class CompletedBatchProgress(Callback):
-    """Lightning < 2.5: a checkpoint written in ``on_train_batch_end`` (``every_n_train_steps``
-    saves there) records the batch as processed but not yet completed, and a run resumed
-    from it trains that batch index again: one extra micro-batch, accumulation boundaries
-    shifted by one, and at the end of an epoch an extra step in the finished epoch (Lightning
-    issues #14579 and #19815; Lightning 2.5 corrects the counters on restart, PR #20379).
-
-    On those versions this callback rewrites the loop counters of the checkpoint being
-    written to what Lightning 2.5 restores: the batch completed (its optimiser step counted
-    for the loggers' step) and, when it was the last of its epoch and no validation is due
-    after it, the epoch finished, so that the resumed run continues with the next batch
-    (a validation due after the batch still runs first, as it would have). It changes
-    nothing on Lightning >= 2.5. ``omnibert-train`` always adds it; the resume tests
-    (tests/test_datamodule.py, test_train_resume.py, test_lamb_lightning.py) prove it under
-    Lightning 2.3 in the IPU environment (scripts/envs/ipu_env.sh).
-    """
-
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        if lightning_resumes_after_batch_end():
-            return
-        fit = checkpoint.get("loops", {}).get("fit_loop")
-        progress = (fit or {}).get("epoch_loop.batch_progress")
-        if not progress:
-            return
-        current = progress["current"]
-        if current["processed"] != current["completed"] + 1:  # not inside on_train_batch_end
-            return
-        for scope in ("total", "current"):
-            progress[scope]["completed"] = progress[scope]["processed"]
-        loop = trainer.fit_loop.epoch_loop
-        if not loop._should_accumulate():  # Lightning counts it after on_train_batch_end
-            state = fit.setdefault("epoch_loop.state_dict", {})
-            state["_batches_that_stepped"] = int(state.get("_batches_that_stepped", 0)) + 1
-        last = progress.get("is_last_batch") or current["completed"] >= trainer.num_training_batches
-        fetcher: Any = trainer.fit_loop._data_fetcher  # set while fitting
-        if last and not loop._should_check_val_fx(fetcher):
-            _finish_epoch(fit)
-
-
-def _finish_epoch(fit: dict[str, Any]) -> None:
-    """The fit loop's counters as after its epoch-end: the epoch processed and completed, the
-    per-epoch counters reset as a new epoch resets them (what Lightning 2.5 restores)."""
-    for counts in fit["epoch_progress"].values():
-        counts["processed"] = counts["completed"] = counts["ready"]
-    fit["epoch_loop.batch_progress"]["is_last_batch"] = False
-    for key in ("epoch_loop.batch_progress", "epoch_loop.scheduler_progress"):
-        _zero(fit.get(key, {}).get("current"))
-    optimizer = fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {})
-    for tracker in optimizer.values():
-        _zero(tracker.get("current"))
-    _zero(fit.get("epoch_loop.val_loop.batch_progress", {}).get("total"))
-
-
-def _zero(counts: Any) -> None:
-    if isinstance(counts, dict):
-        for key, value in counts.items():
-            if isinstance(value, int):
-                counts[key] = 0

@@ -180,6 +180,24 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
             os.close(fd)
 
 
+def atomic_copy(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """A copy of the file ``source`` at ``path``, written as :func:`atomic_torch_save` writes
+    (never seen half-written); a failed write raises :class:`CheckpointWriteError`."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}{TMP_MARKER}{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        size = Path(source).stat().st_size if Path(source).is_file() else None
+        raise CheckpointWriteError(str(target), err, size, free_bytes(target)) from err
+
+
 def stale_temporary_files(directory: str | os.PathLike[str]) -> list[Path]:
     """Temporary files left in ``directory`` by writers that were killed mid-write."""
     folder = Path(directory)

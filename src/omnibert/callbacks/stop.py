@@ -49,7 +49,7 @@ import lightning.pytorch as pl
 import torch
 
 from omnibert import stopping
-from omnibert.callbacks.checkpoint import CompletedBatchProgress
+from omnibert.callbacks.batch_progress import CompletedBatchProgress
 from omnibert.callbacks.saving import save_now
 from omnibert.tasks.pretraining import collect_rng_states, restore_rng_states
 

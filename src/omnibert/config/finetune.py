@@ -5,13 +5,13 @@ range checked beside its field (the task's recipe against its data is checked wi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig
 
-from omnibert.config.node import Node, resolve
+from omnibert.config.node import Node, interpolation_origins, resolve
 from omnibert.config.sections import (
     Accelerator,
     Checkpointing,
@@ -108,13 +108,21 @@ class FinetuneConfig:
     ckpt_path: str | None
     #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
     checkpointing: Checkpointing | None = None
+    #: keys whose value came from another key by interpolation -> that key (messages name
+    #: the key the user typed: config.node.interpolation_origins)
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: DictConfig, error: type[UserError] = ConfigError) -> FinetuneConfig:
         """Resolve ``cfg`` (a problem is one ``error`` sentence) and check every range."""
         c = resolve(cfg, EXAMPLE, error, missing_first=False)
         at_least("micro_batch_size", c.get("micro_batch_size"), 1)
-        return cls(raw=MappingProxyType(c), data=FinetuneData.of(c["data"]), **shared_sections(c))
+        return cls(
+            raw=MappingProxyType(c),
+            data=FinetuneData.of(c["data"]),
+            origins=MappingProxyType(interpolation_origins(cfg)),
+            **shared_sections(c),
+        )
 
     @property
     def task_name(self) -> str:

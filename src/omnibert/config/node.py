@@ -11,6 +11,7 @@ user as it is (Hydra wraps every exception in ``InstantiationException``).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,7 +22,10 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.errors import UserError
 
-__all__ = ["Node", "build", "resolve"]
+__all__ = ["Node", "build", "interpolation_origins", "resolve"]
+
+#: an interpolation that is one absolute key and nothing else: ``${phase.lr.adamw}``
+_ALIAS = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
 def resolve(
@@ -50,6 +54,37 @@ def resolve(
         raise error(_does_not_resolve(err)) from err
     assert isinstance(container, dict)
     return {str(k): v for k, v in container.items()}
+
+
+def interpolation_origins(cfg: DictConfig) -> dict[str, str]:
+    """Each key whose value is another key's, by interpolation (``optimizer.lr`` ->
+    ``${phase.lr.adamw}`` -> ``${task.lr}``), mapped to the key the value is set at
+    (``task.lr``): the key a user typed, for messages about the value."""
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=False)
+    except OmegaConfBaseException:
+        return {}
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            flat[prefix] = node
+
+    walk(raw, "")
+    origins = {}
+    for key, value in flat.items():
+        origin, hops = key, 0
+        while isinstance(value, str) and hops < 32:
+            match = _ALIAS.fullmatch(value)
+            if match is None or match.group(1) not in flat:
+                break
+            origin, value, hops = match.group(1), flat[match.group(1)], hops + 1
+        if origin != key:
+            origins[key] = origin
+    return origins
 
 
 def _does_not_resolve(err: Exception) -> str:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig
 
-from omnibert.config.node import Node, resolve
+from omnibert.config.node import Node, interpolation_origins, resolve
 from omnibert.config.sections import (
     Accelerator,
     Checkpointing,
@@ -89,6 +89,9 @@ class TrainConfig:
     #: a preset's defaults (``model.init_from`` of a Hugging Face directory refuses a
     #: ``model.config.*`` set there that contradicts its config.json)
     command_line: frozenset[str] = frozenset()
+    #: keys whose value came from another key by interpolation -> that key (messages name
+    #: the key the user typed: config.node.interpolation_origins)
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: DictConfig, command_line: Iterable[str] | None = None) -> TrainConfig:
@@ -115,6 +118,7 @@ class TrainConfig:
             profile=c.get("profile", False),
             mlperf=mlperf,
             command_line=override_keys(command_line),
+            origins=MappingProxyType(interpolation_origins(cfg)),
             **shared_sections(c),
         )
         if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks

@@ -28,6 +28,9 @@ Step the scheduler once per optimiser step (Lightning: ``"interval": "step"``).
   al. 2024, the shape ModernBERT decayed with).
 
 Scheduler state is plain numbers, so it round-trips through ``weights_only`` checkpoints.
+Each schedule's :meth:`milestones` names the steps its shape is pinned to (where the warm-up
+ends, where the decay starts and ends): what a resume with another ``phase.max_steps`` prints
+as moved (:mod:`omnibert.run.resume`).
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ class _WarmupSchedule(LRScheduler):
     def decayed(self, step: int, base_lr: float) -> float:
         raise NotImplementedError
 
+    def milestones(self) -> dict[str, float]:
+        """The steps this schedule's shape is pinned to, by what happens there."""
+        return {"its warm-up ends at step": self.start_warmup_step + self.warmup}
+
     def lr_at(self, step: int, base_lr: float) -> float:
         """Closed-form LR at ``step`` for a group whose peak LR is ``base_lr``."""
         since = step - self.start_warmup_step
@@ -113,6 +120,9 @@ class PolyWarmupLR(_WarmupSchedule):
         else:
             progress = min(step, self.total_steps) / self.total_steps
         return (base_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr
+
+    def milestones(self) -> dict[str, float]:
+        return {"poly decay ends at step": self.total_steps, **super().milestones()}
 
 
 class NaturalExpWarmupLR(_WarmupSchedule):
@@ -217,6 +227,13 @@ class WarmupStableDecayLR(_WarmupSchedule):
         progress = min(max(step - self.decay_start, 0.0) / self.decay_steps, 1.0)
         return self.end_lr + (base_lr - self.end_lr) * DECAY_SHAPES[self.decay_shape](progress)
 
+    def milestones(self) -> dict[str, float]:
+        return {
+            "warmup-stable-decay's decay starts at step": self.decay_start,
+            "warmup-stable-decay's decay ends at step": self.total_steps,
+            **super().milestones(),
+        }
+
 
 class StepTableLR(LRScheduler):
     """LR from a table of ``(step, lr)`` pairs (or a ``{step: lr}`` mapping): the entry of the
@@ -250,6 +267,10 @@ class StepTableLR(LRScheduler):
         self.values = [v for _, v in items]
         self.interpolate = bool(interpolate)
         super().__init__(optimizer, last_epoch)
+
+    def milestones(self) -> dict[str, float]:
+        """None: the table's steps are absolute, whatever the run's length."""
+        return {}
 
     def table_lr(self, step: int) -> float:
         """The table's LR at ``step``."""

@@ -12,6 +12,7 @@ state are looked at. The atomic writes themselves are
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,8 @@ from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
 from omnibert.models.config import RUNTIME_FIELDS, BertConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RESUME_FILE",
@@ -66,13 +69,31 @@ def resolve_ckpt_path(
                 f"ckpt_path=last but there is no last.ckpt in {folder}; run without ckpt_path "
                 "to start fresh, or pass ckpt_path=<file.ckpt>."
             )
-        return str(last)
+        return str(_newest_last(last))
     path = Path(str(ckpt_path))
     if not path.is_file():
         raise error(
             f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt file or ckpt_path=last."
         )
     return str(path)
+
+
+def _newest_last(last: Path) -> Path:
+    """``last.ckpt``, or the ``last-vN.ckpt`` beside it that holds a later step: Lightning's
+    version counter (on in omnibert before issue 43) wrote those when its bookkeeping did not
+    know the existing ``last.ckpt``, leaving the newest state under another name."""
+    versions = sorted(last.parent.glob(f"{last.stem}-v*{last.suffix}"))
+    if not versions:
+        return last
+    steps = {path: saved_step(path) for path in (last, *versions)}
+    newest = max(steps, key=lambda path: -1 if (step := steps[path]) is None else step)
+    if newest != last:
+        log.warning(
+            "%s holds step %s, later than %s (step %s): resuming it; the -vN files are "
+            "older omnibert's names for last.ckpt and can be removed once this run has saved",
+            newest, steps[newest], last.name, steps[last],
+        )  # fmt: skip
+    return newest
 
 
 def refuse_a_finished_run(checkpoint_dir: Path, ckpt_path: Any, error: type[UserError]) -> None:

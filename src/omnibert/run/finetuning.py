@@ -31,7 +31,8 @@ from omnibert.accelerators import build_plugin
 from omnibert.accelerators.base import FP8, lightning_precision
 from omnibert.accelerators.float8 import check_float8, convert_to_float8, plan_float8
 from omnibert.accelerators.launchers import check_launch_layout
-from omnibert.callbacks.nonfinite import NonFiniteSteps
+from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
+from omnibert.callbacks.run_record import RunRecord
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.data.finetuning import FineTuneDataModule
@@ -52,6 +53,7 @@ from omnibert.run.pipeline import (
     fit_safely,
     quiet_third_party_deprecations,
 )
+from omnibert.run.resume import FINETUNING, RunSettings, plan_resume
 from omnibert.run.target_types import check_target_types
 
 __all__ = [
@@ -86,6 +88,8 @@ class FinetunePlan:
     kernels: dict[str, str]
     #: trainer.precision=fp8's layers and recipe (accelerators.float8.Float8Plan; None: not fp8)
     float8: Any = None
+    #: what this run changes from the checkpoint it resumes, applied (run.resume)
+    resume_changes: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -109,7 +113,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
     quiet_third_party_deprecations()
     inputs = cfg if isinstance(cfg, Inputs) else check_inputs(cfg)
     config, recipe = inputs.config, inputs.recipe
-    check_target_types(config.target_nodes())
+    check_target_types(config.target_nodes(), config.origins)
     plugin = build_plugin(config.accelerator.node.plain())
     check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     precision, why = plugin.resolve_precision(config.trainer.precision)
@@ -170,12 +174,34 @@ def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
         },
         float8=float8,
     )
+    if ckpt_path is not None:  # what differs from the checkpoint: applied, or refused
+        settings = _settings(config, plan, world)
+        changes = plan_resume(
+            ckpt_path, settings, FINETUNING, FineTuneInputError, config.run_name, config.origins
+        )
+        plan = dataclasses.replace(plan, resume_changes=changes)
     datamodule = FineTuneDataModule(
         feats.tensors, inputs.micro_batch_size, config.seed, config.data.num_workers,
         TrimPadding.of(config.data),
     )  # fmt: skip
     job = FinetuneJob(inputs, vocab, tokenizer, feats.tensors)
     return Prepared(config, plugin, plugin.environment(), plan, datamodule, source, job=job)
+
+
+def _settings(config: FinetuneConfig, plan: FinetunePlan, world: int) -> RunSettings:
+    """The settings a resume compares with its checkpoint's, and every checkpoint records."""
+    saving = config.checkpointing
+    return RunSettings(
+        optimizer=config.optimizer.plain(),
+        schedule=None if config.schedule is None else config.schedule.plain(),
+        total_steps=plan.max_steps,
+        global_batch_size=plan.global_batch_size,
+        micro_batch_size=plan.micro_batch_size,
+        world_size=world,
+        precision=plan.precision,
+        every_n_train_steps=None if saving is None else saving.every_n_train_steps,
+        keep_last=None if saving is None else saving.keep_last,
+    )
 
 
 def build(prepared: Prepared, run_dir: Path) -> Run:
@@ -198,7 +224,12 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     new = prepared.init.load_into(task)
     if plan.float8 is not None:  # trainer.precision=fp8: torchao's Float8Linear in place
         convert_to_float8(task.model, plan.float8)
-    callbacks = build_callbacks(config, float(plan.global_batch_size))
+    advice = NonFiniteAdvice(
+        lr_key="task.lr", lr=config.recipe.get("lr"), run_name=config.run_name
+    )  # what the non-finite stop's advice names
+    world = prepared.plugin.devices * prepared.plugin.num_nodes
+    record = RunRecord(_settings(config, plan, world).record())
+    callbacks = build_callbacks(config, float(plan.global_batch_size), [record], advice)
     loggers = build_loggers(config.loggers, {"config": dict(config.raw), "plan": plan.to_dict()})
     micro_batches = -(-len(prepared.datamodule.dataset) // plan.micro_batch_size)
     trainer = build_trainer(
@@ -271,6 +302,9 @@ def run(cfg: DictConfig | FinetuneConfig | Inputs) -> dict[str, Any]:
     notice = few_steps_notice(plan.max_steps, inputs.recipe, plan.train_examples)
     if notice:
         print(notice, flush=True)
+    if plan.ckpt_path is not None:
+        said = "; ".join(plan.resume_changes) or "none: the checkpoint's settings"
+        print(f"omnibert-finetune: resume from {plan.ckpt_path}; changes: {said}", flush=True)
     kernels = "; ".join(f"{k} {v}" for k, v in plan.kernels.items())
     print(f"omnibert-finetune: kernels: {kernels}", flush=True)
     built = build(prepared, run_dir)

@@ -13,7 +13,9 @@ composed config itself is never modified.
 * Phase k > 1 starts from the final checkpoint of phase k - 1: its weights only, with a fresh
   optimiser and schedule (``phase.init_from``, derived here and printed).
 * Re-running the same command resumes the phase that was interrupted (from its
-  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``).
+  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``);
+  ``++phases.<name>.ckpt_path=<file>`` resumes that phase from another of its checkpoints
+  (what the non-finite stop's advice names, its keys given as ``++phases.<name>.<key>``).
 * ``compile_only=true`` compiles every phase's step at its own shapes (phase 2's seq 512 as
   well as phase 1's 128) with nothing loaded or resumed: one report per phase.
 * Each phase keeps its own run directory (``run_name`` defaults to ``<model>-<phase>``) and
@@ -23,12 +25,14 @@ composed config itself is never modified.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from omnibert.callbacks.nonfinite import NonFiniteStop
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig
 from omnibert.errors import UserError
@@ -38,6 +42,11 @@ from omnibert.run.pretraining import check_data
 __all__ = ["derive_phases", "phase_status", "run_phases"]
 
 RunOne = Callable[[TrainConfig, Path | None], dict[str, Any]]
+
+#: the keys a non-finite stop's advice gives, which a run of phases takes per phase as
+#: ``++phases.<name>.<key>=`` (added, or set again where the command set it already;
+#: ``ckpt_path=last`` stays: the app turns it into "the same command")
+_PHASE_KEYS = re.compile(r"(?<![\w.])(ckpt_path=(?!last\b)|optimizer\.lr=|run_name=)")
 
 
 def derive_phases(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
@@ -116,19 +125,26 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
     for index, (name, config) in enumerate(phases):
         out = None if output_dir is None else output_dir / name
         status, last = phase_status(config.paths.checkpoint_dir, config.phase.max_steps)
+        resume_from = str(last)
+        if config.ckpt_path is not None:  # phases.<name>.ckpt_path: that checkpoint instead
+            status, resume_from = "resume", config.ckpt_path
         if status == "done":
             print(f"omnibert-train: {name} finished earlier ({last}); skipped", flush=True)
             summaries[name] = {"skipped": True, "last_checkpoint": str(last)}
         else:
-            note = f"resuming from {last}" if status == "resume" else "starting"
+            note = f"resuming from {resume_from}" if status == "resume" else "starting"
             took = f", weights from {previous} (fresh optimiser)" if index else ""
             print(f"omnibert-train: {name}: {note}{took}", flush=True)
             if index > 0:
                 config = config.starting_from(str(previous), model_init=False)
             if status == "resume":
                 config = config.starting_from(
-                    config.phase.init_from, str(last), model_init=index == 0
+                    config.phase.init_from, resume_from, model_init=index == 0
                 )
-            summaries[name] = run_one(config, out)
+            try:
+                summaries[name] = run_one(config, out)
+            except NonFiniteStop as stop:  # its keys, as this command takes them
+                stop.args = (_PHASE_KEYS.sub(f"++phases.{name}.\\1", str(stop)),)
+                raise
         previous = last.resolve()
     return {"phases": summaries}

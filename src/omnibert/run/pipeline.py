@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from omnibert import stopping
 from omnibert.accelerators.ddp import lost_rank
 from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
-from omnibert.callbacks.nonfinite import NonFiniteSteps
+from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
 from omnibert.callbacks.progress import select_progress
 from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
 from omnibert.callbacks.stop import StopAtSafePoint
@@ -93,18 +93,23 @@ def quiet_third_party_deprecations() -> None:
     )  # fmt: skip
 
 
-def build_callbacks(config: Any, sequences_per_step: float, extra: Iterable[Any] = ()) -> list[Any]:
+def build_callbacks(
+    config: Any,
+    sequences_per_step: float,
+    extra: Iterable[Any] = (),
+    advice: NonFiniteAdvice | None = None,
+) -> list[Any]:
     """The configured callbacks, then what every run has: the batch counter, the safe stop
     (SIGTERM / SIGINT: checkpoint the last completed step, then stop), the non-finite step
-    policy, ``extra``, and under a submitit job the checkpoint at its time limit (then a
-    requeue). One way of showing progress: the bar on a terminal, step-counting lines in a log
-    file (:mod:`omnibert.callbacks.progress`)."""
+    policy (``advice``: the keys its stop names), ``extra``, and under a submitit job the
+    checkpoint at its time limit (then a requeue). One way of showing progress: the bar on a
+    terminal, step-counting lines in a log file (:mod:`omnibert.callbacks.progress`)."""
     callbacks = [node.build() for node in config.callbacks]
     trainer = config.trainer
     callbacks += [
         CompletedBatchProgress(),
         StopAtSafePoint(within_s=trainer.stop_within_s),
-        NonFiniteSteps(trainer.nonfinite, trainer.nonfinite_max_consecutive),
+        NonFiniteSteps(trainer.nonfinite, trainer.nonfinite_max_consecutive, advice),
         *extra,
     ]
     if submitit_signal() is not None:

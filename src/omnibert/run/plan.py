@@ -153,6 +153,8 @@ class TrainPlan:
     #: trainer.precision=fp8: recipe, emulation, torchao's version, the Linear layers in fp8
     #: and those kept in bf16 with why (accelerators.float8.Float8Plan; None: not fp8)
     float8: Any = None
+    #: what this run changes from the checkpoint it resumes, applied (run.resume)
+    resume_changes: list[str] = dataclasses.field(default_factory=list)
     #: the architecture, vocab size resolved (a BertConfig; not in to_dict: model.config has it)
     model: Any = dataclasses.field(default=None, metadata={"internal": True})
     #: the initial weights, checked (run.init_from.PretrainingInit; init_from names them)
@@ -213,10 +215,20 @@ class TrainPlan:
             ("clipping", self.clipping),
             ("init from", self._init_description()),
             ("resume from", self.ckpt_path or "fresh run"),
+            *self._resume_rows(),
             ("checkpoints", self.checkpoint_dir),
             *([("checkpoint space", self.checkpoint_space["description"])]
               if self.checkpoint_space else []),
         ]  # fmt: skip
+
+    def _resume_rows(self) -> list[tuple[str, str]]:
+        """Each change from the resumed checkpoint on a line of its own."""
+        if self.ckpt_path is None:
+            return []
+        if not self.resume_changes:
+            return [("resume changes", "none: the checkpoint's settings")]
+        return [("resume changes" if i == 0 else "", line)
+                for i, line in enumerate(self.resume_changes)]  # fmt: skip
 
     def _init_description(self) -> str:
         if self.init_from is None:

@@ -30,6 +30,7 @@ from omnibert.callbacks.mlperf import (
     mlperf_hyperparameters,
 )
 from omnibert.callbacks.nonfinite import NonFiniteSteps
+from omnibert.callbacks.run_record import RunRecord
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.config.sections import next_sentence_objective, objective_name
@@ -58,6 +59,7 @@ from omnibert.run.pipeline import (
 )
 from omnibert.run.plan import BatchPlan, TrainConfigError, TrainPlan
 from omnibert.run.profiling import check_profile, profiler_for_run
+from omnibert.run.resume import nonfinite_advice, plan_resume, run_settings
 from omnibert.run.slurm import check_slurm_layout
 from omnibert.run.target_types import check_target_types
 
@@ -87,7 +89,9 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     quiet_third_party_deprecations()
     # model.init_from=<Hugging Face dir>: the architecture its config.json states
     config = with_checkpoint_architecture(typed(cfg))
-    check_target_types(config.target_nodes())  # trainer.max_epochs=abc: before anything builds
+    check_target_types(
+        config.target_nodes(), config.origins
+    )  # trainer.max_epochs=abc: before anything builds
     for key, path in config.paths.writable_keys().items():  # before any data is read
         check_writable_dir(path, key)
     plugin = build_plugin(config.accelerator.node.plain())
@@ -201,6 +205,16 @@ def plan_run(
             model_fields,
         )
     check_optimizer(config.optimizer, config.schedule, config.max_steps)
+    changes = (
+        []
+        if ckpt is None
+        else plan_resume(
+            ckpt,
+            run_settings(config, batch, precision, micro_clip),
+            run_name=config.run_name,
+            origins=config.origins,
+        )
+    )  # what differs from the checkpoint: applied and shown, or refused in one sentence
     next_sentence = next_sentence_objective(model)
     if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:
         log.warning(
@@ -247,6 +261,7 @@ def plan_run(
         init_from=None if init is None else init.path,
         init_bert_config=None if init is None else init.bert_config,
         ckpt_path=ckpt,
+        resume_changes=changes,
         checkpoint_dir=checkpoint_dir,
         clipping=clipping,
         clip_grad_per_micro_batch=micro_clip,
@@ -313,7 +328,11 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     seed_everything(config.seed, workers=False)
     mlperf = _mlperf_callback(prepared, run_dir)  # logs init_start before the model
     task, loaded = build_task(prepared)
-    callbacks = build_callbacks(config, plan.batch.sequences_per_step, [mlperf] if mlperf else [])
+    record = run_settings(config, plan.batch, plan.precision, plan.clip_grad_per_micro_batch)
+    extra = [RunRecord(record.record()), *([mlperf] if mlperf else [])]
+    callbacks = build_callbacks(
+        config, plan.batch.sequences_per_step, extra, nonfinite_advice(config)
+    )
     loggers = build_loggers(config.loggers, facts(prepared))
     if plan.float8 is not None:  # trainer.precision=fp8: the swap before torch.compile
         convert_to_float8(task.model, plan.float8)

@@ -28,10 +28,12 @@ class TargetTypeError(UserError):
     """A key of a ``_target_`` node whose value is not of the type its target takes."""
 
 
-def check_target_types(nodes: Iterable[Node]) -> None:
+def check_target_types(nodes: Iterable[Node], origins: Mapping[str, str] | None = None) -> None:
     """Raise :class:`TargetTypeError` for the first key of a ``_target_`` node (one of
     ``nodes``, or one nested in them: a data source, a task's data) whose value its
-    target's signature refuses."""
+    target's signature refuses. ``origins`` (the config's
+    :func:`~omnibert.config.node.interpolation_origins`) name the key the value was typed
+    at when it came by interpolation (``task.lr`` for fine-tuning's ``optimizer.lr``)."""
     for root in nodes:
         for path, node in _target_nodes(root, root.path):
             hints = _hints(str(node["_target_"]))
@@ -42,9 +44,11 @@ def check_target_types(nodes: Iterable[Node]) -> None:
                 if not any(_accepts(kind, value) for kind in kinds):
                     expected = " or ".join(dict.fromkeys(_SCALARS[k] for k in kinds))
                     where = f"{path}.{key}" if path else key
+                    typed = (origins or {}).get(where, where)
+                    sets = f"it sets {where}: " if typed != where else ""
                     raise TargetTypeError(
-                        f"{where}={value!r} is not {expected} ({node['_target_']} takes {key} "
-                        f"as {expected}); fix {where}."
+                        f"{typed}={value!r} is not {expected} ({sets}{node['_target_']} takes "
+                        f"{key} as {expected}); fix {typed}."
                     )
 
 

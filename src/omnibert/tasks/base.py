@@ -1,9 +1,20 @@
 """What every training task shares: plain data in ``hparams`` (so a checkpoint reloads from
 itself and opens with ``weights_only=True``) and the optimiser and schedule built from them
-(:mod:`omnibert.optim.build`), stepped every optimiser step."""
+(:mod:`omnibert.optim.build`), stepped every optimiser step.
+
+A resume takes the optimiser's and the schedule's *position* from the checkpoint (moments,
+step counts, the schedule's step) and their *settings* from this run's config: Lightning
+restores both as they were saved, so :meth:`TrainingTask.on_train_start` puts the
+configured settings back (a new learning rate, a schedule re-planned over a new
+``phase.max_steps``: the same schedule function, built with this run's settings, evaluated
+from the resumed step on). What may change on resume, and what is refused before compute:
+:mod:`omnibert.run.resume`.
+"""
 
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +28,12 @@ from omnibert.optim.nonfinite import skipped
 from omnibert.optim.sharding import attach_shard_group
 
 __all__ = ["TrainingTask", "plain"]
+
+#: a parameter group's entries that a resume keeps from the checkpoint (the parameters, the
+#: step count LAMB keeps there) or derives from the schedule (the LRs); the rest are settings
+_GROUP_POSITION = frozenset({"params", "param_names", "step", "lr", "initial_lr"})
+#: the schedule's state that is its position; the rest of its state is its plan
+_SCHEDULE_POSITION = ("last_epoch", "_step_count", "_is_initial", "_get_lr_called_within_step")
 
 
 def plain(value: Any) -> Any:
@@ -68,6 +85,11 @@ class TrainingTask(pl.LightningModule):
         else:
             optimizer.zero_grad()
 
+    #: the settings of each parameter group and the schedule's state as this run's config
+    #: built them (what a resume puts back over the checkpoint's: :meth:`on_train_start`)
+    _configured_groups: list[dict[str, Any]] | None = None
+    _configured_schedule: dict[str, Any] | None = None
+
     def configured_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Called with the optimiser once it is built (a task adds its own setup)."""
 
@@ -92,11 +114,54 @@ class TrainingTask(pl.LightningModule):
             optimizer, self._trainer.model if self._trainer is not None else None
         )
         self.configured_optimizer(optimizer)
+        self._configured_groups = [
+            {k: copy.deepcopy(v) for k, v in group.items() if k not in ("params", "param_names")}
+            for group in optimizer.param_groups
+        ]
         if self.hparams["schedule"] is None:
+            self._configured_schedule = None
             return optimizer
         total = self.hparams.get("total_steps") or int(self.trainer.max_steps)
         scheduler = build_schedule(self.hparams["schedule"], optimizer, total)
+        self._configured_schedule = copy.deepcopy(scheduler.state_dict())
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
+
+    def on_train_start(self) -> None:
+        if self._trainer is not None and self.trainer.ckpt_path:
+            self.apply_configured_settings()
+
+    def apply_configured_settings(self) -> None:
+        """After Lightning restored a checkpoint's optimiser and schedule: every setting of
+        the optimiser's groups (``weight_decay``, ``betas``, ...) as this run configured it,
+        the schedule's plan (its peak LRs, length, warm-up, ...) as this run built it at the
+        checkpoint's position, and each group's LR the re-planned schedule's at that step
+        (without a schedule: the configured LR). With the checkpoint's own settings nothing
+        changes, bit for bit."""
+        if self._configured_groups is None or not self.trainer.optimizers:
+            return
+        optimizer = self.trainer.optimizers[0]
+        groups = optimizer.param_groups
+        for group, configured in zip(groups, self._configured_groups, strict=True):
+            group.update({
+                k: copy.deepcopy(v) for k, v in configured.items() if k not in _GROUP_POSITION
+            })  # fmt: skip
+        configs = self.trainer.lr_scheduler_configs
+        if self._configured_schedule is None or not configs:
+            for group, configured in zip(groups, self._configured_groups, strict=True):
+                group["lr"] = configured["lr"]
+            return
+        scheduler = configs[0].scheduler
+        restored = scheduler.state_dict()
+        position = {k: restored[k] for k in _SCHEDULE_POSITION if k in restored}
+        scheduler.load_state_dict({**copy.deepcopy(self._configured_schedule), **position})
+        for group, base in zip(groups, scheduler.base_lrs, strict=True):
+            group["initial_lr"] = base
+        with warnings.catch_warnings():  # torch warns when get_lr runs outside step()
+            warnings.simplefilter("ignore", UserWarning)
+            values: list[Any] = [float(v) for v in scheduler.get_lr()]
+        for group, lr in zip(groups, values, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = values
