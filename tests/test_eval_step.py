@@ -50,7 +50,10 @@ def test_the_report_and_the_lines_name_the_checkpoints_step(step_300, capsys):
     assert "at step 0" not in out
     assert f"omnibert-eval: {step_300['ckpt']} (omnibert, step 300) on " in out
     hf = step_300["root"] / "hf"
-    export_app.run(compose("export", [f"ckpt={step_300['ckpt']}", f"out={hf}"]))
+    # BertForPreTraining (with its NSP head): omnibert-eval scores next-sentence accuracy too
+    export_app.run(
+        compose("export", [f"ckpt={step_300['ckpt']}", f"out={hf}", "heads=pretraining"])
+    )
     capsys.readouterr()
     exported = eval_app.run_or_exit(compose("eval", [f"ckpt={hf}", data]), None)
     out = capsys.readouterr().out
