@@ -108,8 +108,7 @@ def hf_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def build_models(config: BertConfig) -> tuple[BertForPreTraining, transformers.BertForPreTraining]:
     ours = BertForPreTraining(config)
-    hf_config = transformers.BertConfig(**config.to_hf_dict())
-    hf_config._attn_implementation = "sdpa"
+    hf_config = transformers.BertConfig(**config.to_hf_dict(), attn_implementation="sdpa")
     theirs = transformers.BertForPreTraining(hf_config)
     vocab = config.vocab_size  # HF keeps the real vocab; copy the same initial weights over
     state = {

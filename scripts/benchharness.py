@@ -47,6 +47,7 @@ __all__ = [
     "device_sync",
     "order_of_round",
     "run_rounds",
+    "timed_region",
     "write_json",
 ]
 
@@ -218,7 +219,9 @@ def device_sync(device: Any) -> Callable[[], None] | None:
 Peer = Callable[[Turn], Any]
 
 
-def _region(name: str, peer: Peer, turn: Turn, sync: Callable[[], None] | None) -> Region:
+def timed_region(name: str, peer: Peer, turn: Turn, sync: Callable[[], None] | None) -> Region:
+    """``peer(turn)`` timed between two calls of ``sync`` (none when it is ``None``): the
+    region of a round, and of any single timed pass (a profiled one)."""
     if sync is not None:
         sync()
     start, cpu = time.perf_counter(), time.process_time()
@@ -267,7 +270,7 @@ def run_rounds(
         if before_region is not None:
             before_region(name, turn)
         try:
-            region = _region(name, peers[name], turn, sync)
+            region = timed_region(name, peers[name], turn, sync)
         except Exception as err:
             if on_error is None:
                 raise
@@ -342,11 +345,19 @@ class ResultsFile:
     :meth:`interruptible` turns SIGTERM (and Ctrl-C) into a last save marked
     ``interrupted (...) during <stage>`` and exit status 143."""
 
-    def __init__(self, path: str | Path, data: dict[str, Any], *, name: str = "bench") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        data: dict[str, Any],
+        *,
+        name: str = "bench",
+        started: float | None = None,
+    ) -> None:
         self.path = Path(path)
         self.data = data
-        self.name = name
-        self.started = time.monotonic()
+        self.name = name  # the script's, for its printed lines
+        #: ``time.monotonic()`` when the run began (``elapsed_seconds`` counts from there)
+        self.started = time.monotonic() if started is None else started
         #: what runs now, in words, for an interruption's status (``None``: not said)
         self.stage: str | None = None
         self.data.setdefault("status", "running")
