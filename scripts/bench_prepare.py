@@ -3,8 +3,9 @@
     python scripts/bench_prepare.py --reference-dir /path/to/google-research/bert
 
 Builds the embedded corpus (stdlib docstrings, 2 train files), then times in the harness's
-alternating rounds (:mod:`benchharness`; ``--repeats`` rounds) runs of omnibert's pipeline (``num_workers`` processes, end to end: read, tokenize, instances, Arrow
-shards) and of the reference's ``create_training_instances`` run in this process on each file
+alternating rounds (:mod:`benchharness`; ``--repeats`` rounds) runs of omnibert's pipeline
+(``num_workers`` processes, end to end: read, tokenize, instances, Arrow shards) and of the
+reference's ``create_training_instances`` run in this process on each file
 (as MLPerf runs it per part file), checks that both give identical instances, and prints
 instances/s, tokens/s, the ratio and peak memory.  Without ``--reference-dir`` only omnibert
 is timed.
@@ -125,8 +126,14 @@ def main() -> None:
         print(f"identical output: {len(expected):,} instances")
 
     peers = {"omnibert": ours, **({"reference": reference} if args.reference_dir else {})}
-    rounds = run_rounds(peers, rounds=args.repeats, sync=None, after_region=ran,
-                        before_region=lambda name, turn: gc.collect(), after_round=check)  # fmt: skip
+    rounds = run_rounds(
+        peers,
+        rounds=args.repeats,
+        sync=None,
+        before_region=lambda name, turn: gc.collect(),
+        after_region=ran,
+        after_round=check,
+    )
     ours_times, ref_times = rounds.seconds("omnibert"), rounds.seconds("reference")
     instances, tokens = rounds.values("omnibert")[-1]
     best = min(ours_times)
