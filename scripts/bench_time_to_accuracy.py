@@ -76,13 +76,23 @@ from bench_time_to_accuracy_sides import (
     run_hf,
     run_omnibert,
 )
-from benchharness import Region, Turn, device_sync, run_rounds
+from benchharness import Region, Turn, apply_presets, device_sync, run_rounds
 
 from omnibert.accelerators.cpu_bf16 import bench_precision
 
 __all__ = ["MODERN_SIZES", "NO_WEIGHT_DECAY", "SIZES", "describe", "hf_modern_hits",
            "initial_weights", "label", "main", "median_round", "preset_config", "recipe",
            "require_demo_data", "run_omnibert", "summarise"]  # fmt: skip
+
+
+#: what no flag and no preset sets (the sizes' own target, LR, warmup and steps otherwise)
+DEFAULTS = {"rounds": 3, "eval_every": 1600}
+
+
+def smoke_preset(batch: int) -> dict[str, Any]:
+    """``--smoke``: one round, at most 12 steps, evaluated at step 8 against a target any
+    better-than-nothing accuracy reaches (it stops a side at that evaluation)."""
+    return {"rounds": 1, "target": 1e-6, "max_steps": 12, "eval_every": 8 * batch}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,8 +115,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="sequences: both sides run --batch sequences a step on average (default); rows: "
         "omnibert runs --batch packed rows a step",
     )
-    p.add_argument("--eval-every", type=int, default=1600, help="training sequences")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--eval-every", type=int, default=None, help="training sequences (1600)")
+    p.add_argument("--rounds", type=int, default=None, help="default 3")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--precision", choices=("32", "fp32", "bf16", "auto"), default="32")
     p.add_argument("--seed", type=int, default=1234)
@@ -124,11 +134,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--model {','.join(unknown)}: choose from {', '.join([*SIZES, *MODERN_SIZES])}")
     if args.smoke:
         modern = any(s in MODERN_SIZES for s in args.sizes)
-        args.sizes, args.rounds = ["modern_tiny" if modern else "tiny"], 1
-        # any better-than-nothing accuracy stops a side at its first evaluation (step 8)
-        args.target = 1e-6 if args.target is None else args.target
-        args.max_steps = args.max_steps or 12
-        args.eval_every = min(args.eval_every, 8 * args.batch)
+        args.sizes = ["modern_tiny" if modern else "tiny"]
+    # explicit flags win, then --smoke, then the defaults
+    apply_presets(args, smoke_preset(args.batch) if args.smoke else None, DEFAULTS)
     args.precision = "fp32" if args.precision == "32" else args.precision
     return args
 
