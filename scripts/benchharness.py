@@ -211,7 +211,10 @@ def device_sync(device: Any) -> Callable[[], None] | None:
     target = device if kind == "cuda" else None
 
     def synchronize() -> None:
-        sync(target) if target is not None else sync()
+        if target is not None:
+            sync(target)
+        else:
+            sync()
 
     return synchronize
 
