@@ -208,3 +208,20 @@ def test_explicit_flags_win_then_the_presets_in_order_then_the_defaults():
     args = argparse.Namespace(steps=None, rounds=None, warmup=None, model=None)
     bh.apply_presets(args, None, lease, defaults)  # --smoke off
     assert (args.steps, args.rounds, args.warmup, args.model) == (10, 3, 1, "large")
+
+
+def test_the_harness_and_the_gpu_check_import_the_standard_library_only():
+    """scripts/gpu_check.py starts before anything is installed and uses the harness's
+    deadline and JSON writer: importing either loads no third-party package."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scripts = Path(bh.__file__).parent
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import gpu_check, benchharness; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'omnibert'}))"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(scripts)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"
