@@ -196,8 +196,7 @@ def hf_bert(model: nn.Module) -> nn.Module:
     import transformers
 
     config = model.config  # type: ignore[attr-defined]
-    hf_config = transformers.BertConfig(**config.to_hf_dict())
-    hf_config._attn_implementation = "sdpa"
+    hf_config = transformers.BertConfig(**config.to_hf_dict(), attn_implementation="sdpa")
     device = next(model.parameters()).device
     theirs = on_device(lambda: transformers.BertForPreTraining(hf_config), device)
     vocab = config.vocab_size
@@ -220,8 +219,9 @@ def hf_modernbert(model: nn.Module) -> nn.Module:
     fields = modernbert_export_dict(config, None)
     fields.pop("architectures", None)
     fields.pop("model_type", None)
-    hf_config = transformers.ModernBertConfig(**fields, sparse_prediction=True)
-    hf_config._attn_implementation = "sdpa"
+    hf_config = transformers.ModernBertConfig(
+        **fields, sparse_prediction=True, attn_implementation="sdpa"
+    )
     device = next(model.parameters()).device
     theirs = on_device(lambda: transformers.ModernBertForMaskedLM(hf_config), device)
     tensors = modernbert_tensors(model.state_dict(), config)
