@@ -36,6 +36,7 @@ import torch.distributed as dist
 from test_model import model_of, unpacked_batch
 
 from omnibert.optim import AdamW, Lamb
+from omnibert.optim.nonfinite import guard, skipped
 from omnibert.optim.zero1 import Zero1Optimizer
 from omnibert.optim.zero1_plan import elements_per_rank
 
@@ -66,21 +67,31 @@ CASES: dict[str, tuple[Any, dict[str, Any], float, int]] = {
 #: partition's all-reduce switched off), which the tolerance must catch
 LOCAL_NORM = "lamb-clipped-local-norm-control"
 CASES[LOCAL_NORM] = CASES["lamb-clipped"]
+#: a step whose gradient holds a NaN (in a tensor that one rank owns) is skipped by every
+#: rank, as the unsharded optimiser skips it (omnibert.optim.nonfinite)
+NONFINITE = "lamb-nonfinite-skipped"
+CASES[NONFINITE] = CASES["lamb-clipped"]
 #: AdamW's update is elementwise (nothing to sum over ranks): 2 ranks show it
-TWO_RANKS_ONLY = ("lamb-triton-interpreted", LOCAL_NORM, "adamw")
+TWO_RANKS_ONLY = ("lamb-triton-interpreted", LOCAL_NORM, NONFINITE, "adamw")
 MORE = 2  # steps after the checkpoint
 #: the process group of the ranks training together (all 4, or a pair)
 GROUP: Any = None
 
 
-def step(model: torch.nn.Module, optimizer: Any, batch: dict, scale: float) -> None:
-    """One data-parallel step: this rank's batch, the gradients averaged over the ranks."""
+def step(
+    model: torch.nn.Module, optimizer: Any, batch: dict, scale: float, poison: bool = False
+) -> None:
+    """One data-parallel step: this rank's batch, the gradients averaged over the ranks;
+    ``poison``: the last rank's gradient of the last tensor holds a NaN before the average."""
     optimizer.zero_grad()
     (model(batch)["loss"] * scale).backward()
     world = dist.get_world_size(GROUP)
-    for p in model.parameters():
-        dist.all_reduce(p.grad, group=GROUP)  # type: ignore[arg-type]
-        p.grad.div_(world)  # type: ignore[union-attr]
+    grads = [p.grad for p in model.parameters()]
+    if poison and dist.get_rank(GROUP) == world - 1:
+        grads[-1].view(-1)[0] = float("nan")  # type: ignore[union-attr]
+    for grad in grads:
+        dist.all_reduce(grad, group=GROUP)  # type: ignore[arg-type]
+        grad.div_(world)  # type: ignore[union-attr]
     optimizer.step()
 
 
@@ -109,13 +120,22 @@ def run_case(name: str) -> dict[str, Any]:
     zero = Zero1Optimizer(make, zero_model.named_parameters(), process_group=GROUP)
     if name == LOCAL_NORM:
         zero.optim.partition_group = None  # the bug the control stands for
-    out: dict[str, Any] = {"param": [], "bitwise": []}
+    if name == NONFINITE:  # what the NonFiniteSteps callback does to the run's optimiser
+        guard(plain)
+        guard(zero)
+    out: dict[str, Any] = {"param": [], "bitwise": [], "skipped": []}
     for i in range(steps):
-        step(plain_model, plain, batch_of(i), scale)
-        step(zero_model, zero, batch_of(i), scale)
+        poison = name == NONFINITE and i == 1
+        step(plain_model, plain, batch_of(i), scale, poison)
+        before = params(zero_model)
+        step(zero_model, zero, batch_of(i), scale, poison)
         got, want = params(zero_model), params(plain_model)
         out["param"].append(distance(got, want))
         out["bitwise"].append(bitwise(got, want))
+        if name == NONFINITE:  # every rank skipped the poisoned step, and only that one
+            flags: list[Any] = [None] * dist.get_world_size(GROUP)
+            dist.all_gather_object(flags, (skipped(zero), bitwise(got, before)), group=GROUP)
+            out["skipped"].append(flags)
     local = sum(p.numel() for g in zero.optim.param_groups for p in g["params"])
     gathered: list[Any] = [None] * dist.get_world_size(GROUP)
     dist.all_gather_object(gathered, local, group=GROUP)

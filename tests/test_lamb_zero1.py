@@ -18,7 +18,9 @@ optimiser.
   consolidated checkpoint has the unsharded optimiser's groups and state keys and holds each
   rank's state bitwise; a sharded optimiser that loads it continues bitwise; a sharded one
   loading the unsharded state, and an unsharded one loading the consolidated state, continue
-  within 1e-6 of the unsharded run.
+  within 1e-6 of the unsharded run. A step whose averaged gradient holds a NaN (in one
+  rank's tensor) is skipped by every rank, as the unsharded optimiser skips it: the global
+  norm that decides it is summed over the ranks.
 * **The training path**: ``torchrun`` with 2 ``omnibert-train`` processes and ``zero1``
   resumes the unsharded reference run of ``test_ranks.py`` (Lightning's launcher) from its
   step 4, each rank holding the state of part of the tensors; its step 6 is within 1e-6 of
@@ -55,6 +57,7 @@ TOLERANCE = 1e-6
 #: cases whose optimiser does not clip: the sharded step is the unsharded one, bit for bit
 UNCLIPPED = ("lamb-unclipped", "lamb-mlperf", "adamw")
 CONTROL = "lamb-clipped-local-norm-control"
+NONFINITE = "lamb-nonfinite-skipped"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("world", [2, 4])
 def test_zero1_steps_are_the_unsharded_steps(launched, world):
     cases = launched[str(world)]
-    two_only = {"lamb-triton-interpreted", CONTROL, "adamw"} if world == 2 else set()
+    two_only = {"lamb-triton-interpreted", CONTROL, NONFINITE, "adamw"} if world == 2 else set()
     expected = {"lamb-clipped", "lamb-unclipped", "lamb-mlperf"} | two_only
     assert set(cases) == expected
     for name, case in cases.items():
@@ -90,6 +93,9 @@ def test_zero1_steps_are_the_unsharded_steps(launched, world):
         assert max(case["param"]) <= TOLERANCE, (name, case["param"])
         if name in UNCLIPPED:
             assert all(case["bitwise"]), name
+    if world == 2:  # step 2's NaN: every rank skips it and leaves its tensors as they were
+        flags = cases[NONFINITE]["skipped"]
+        assert flags == [[[False, False]] * 2, [[True, True]] * 2, [[False, False]] * 2], flags
 
 
 @pytest.mark.parametrize("world", [2, 4])
