@@ -219,3 +219,29 @@ def test_the_plan_prints_the_optimizer_state_per_rank(tmp_path, compose_config):
     assert unsharded.plan.kernels["optimizer state"] == (
         f"{total * 8 / 1024:.1f} KiB (8 B x {total:,} parameters)"
     )
+
+
+def test_parameters_of_several_dtypes_are_refused_in_one_sentence(tmp_path):
+    """torch's ZeroRedundancyOptimizer takes parameters of one dtype (its buckets have one):
+    a model with fp32 and bf16 tensors is refused naming the setting (one gloo rank here)."""
+    import functools
+
+    import torch.distributed as dist
+
+    from omnibert.errors import UserError
+    from omnibert.optim import Lamb
+    from omnibert.optim.zero1 import Zero1Optimizer
+
+    named = [
+        (f"w{i}", torch.nn.Parameter(torch.ones(4, dtype=dtype)))
+        for i, dtype in enumerate((torch.float32, torch.bfloat16))
+    ]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(UserError) as info:
+            Zero1Optimizer(functools.partial(Lamb, lr=0.1), named)
+    finally:
+        dist.destroy_process_group()
+    message = str(info.value)
+    assert "are bfloat16 and float32; set accelerator.optimizer_sharding=none." in message
+    assert message.count(". ") == 0, message

@@ -33,6 +33,8 @@ DDP recipes keep DDP and shard the optimiser only. Nothing here is home-made but
   and ``param_names`` stays each side's own (:meth:`Zero1Optimizer._sync_param_groups`);
 * a loaded checkpoint's state lives in the local optimiser only (torch also keeps a cast copy
   in the exposed optimiser, which nothing reads; it is dropped);
+* LAMB's ``impl="auto"`` chooses its kernel by the whole model's size, so every rank runs
+  the kernel the unsharded optimiser would;
 * the attributes the run reads on its optimiser (``skip_nonfinite``, ``last_step_skipped``,
   ``last_grad_norm``) are the local optimiser's.
 
@@ -97,6 +99,13 @@ class Zero1Optimizer(ZeroRedundancyOptimizer):
                 f"accelerator.optimizer_sharding=zero1 gives each of {world} ranks whole "
                 f"tensors, but the model has only {tensors} trainable tensors; set "
                 "accelerator.optimizer_sharding=none."
+            )
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for g in groups for p in g["params"]})
+        if len(dtypes) > 1:  # torch's own check, said as the setting to change
+            raise UserError(
+                "accelerator.optimizer_sharding=zero1 (torch's ZeroRedundancyOptimizer) needs "
+                f"the trained parameters in one dtype, and this model's are {' and '.join(dtypes)}; "
+                "set accelerator.optimizer_sharding=none."
             )
         super().__init__(
             groups,
