@@ -25,6 +25,7 @@ multi-tensor Triton kernel moves exactly that; apex's accounting with a separate
     python scripts/bench_lamb.py --device cuda --model large
     python scripts/bench_lamb.py --lease               # the same, 3 rounds x 5 steps: ~30 s
     python scripts/bench_lamb.py --smoke               # CPU, tiny set, seconds (no compile)
+    python scripts/bench_lamb.py --ranks 1 2 4         # per rank: unsharded vs ZeRO-1, N ranks
 
 An implementation that fails (the Triton kernel not compiling, torch-optimizer not installed:
 the ``bench`` extra) is recorded with its error, printed, and left out; the others run. The
@@ -207,6 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="results, rewritten after every stage (module docstring)")  # fmt: skip
     ap.add_argument("--bandwidth-from", default=None, metavar="PROBE_JSON",
                     help="the floor at this gpu_probe.py JSON's copy bandwidth")  # fmt: skip
+    ap.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
+                    help="per data-parallel rank at each N: unsharded against ZeRO-1 "
+                    "(scripts/bench_lamb_ranks.py; --impls: its one LAMB impl)")  # fmt: skip
     benchplot.add_arguments(ap)
     args = ap.parse_args(argv)
     presets = [
@@ -217,6 +221,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key in presets[-1]:  # explicit flags, then --smoke, then --lease, then the defaults
         if getattr(args, key) is None:
             setattr(args, key, next(p[key] for p in presets if key in p))
+    if args.ranks:  # the per-rank mode lives in its own module
+        import bench_lamb_ranks
+
+        return bench_lamb_ranks.run(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
