@@ -28,6 +28,7 @@ reported, not counted.
     python scripts/bench_lamb.py --device cuda --model large
     python scripts/bench_lamb.py --lease               # the same, 3 rounds x 5 steps: ~30 s
     python scripts/bench_lamb.py --smoke               # CPU, tiny set, seconds (no compile)
+    python scripts/bench_lamb.py --ranks 1 2 4         # per rank: unsharded vs ZeRO-1, N ranks
 
 An implementation that fails (the Triton kernel not compiling, torch-optimizer not installed:
 the ``bench`` extra) is recorded with its error, printed, and left out; the others run. The
@@ -197,10 +198,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="results, rewritten after every stage (module docstring)")  # fmt: skip
     ap.add_argument("--bandwidth-from", default=None, metavar="PROBE_JSON",
                     help="the floor at this gpu_probe.py JSON's copy bandwidth")  # fmt: skip
+    ap.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
+                    help="per data-parallel rank at each N: unsharded against ZeRO-1 "
+                    "(scripts/bench_lamb_ranks.py; --impls: its one LAMB impl)")  # fmt: skip
     benchplot.add_arguments(ap)
     args = ap.parse_args(argv)
     # explicit flags, then --smoke, then --lease, then the defaults
     apply_presets(args, SMOKE if args.smoke else None, LEASE if args.lease else None, DEFAULTS)
+    if args.ranks:  # the per-rank mode lives in its own module
+        import bench_lamb_ranks
+
+        return bench_lamb_ranks.run(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
