@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from test_model import model_of, unpacked_batch
+from worker_exit import leave_together
 
 from omnibert.optim import AdamW, Lamb
 from omnibert.optim.nonfinite import guard, skipped
@@ -229,8 +230,7 @@ def main() -> None:
     if rank == 0:
         with open(f"{args.out_dir}/zero1.json", "w") as f:
             json.dump(results, f, indent=1)
-    dist.barrier()  # both leave together (see lamb_sharded_worker.py)
-    dist.destroy_process_group()
+    leave_together()  # see worker_exit.py
 
 
 if __name__ == "__main__":
