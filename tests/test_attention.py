@@ -387,7 +387,7 @@ def test_a_checkpoint_resumes_and_initialises_under_another_backend(tmp_path) ->
     torch.save({"hyper_parameters": {"model_config": written}}, ckpt)
     check_resume_target(str(ckpt), TINY.replace(attention="sdpa").to_dict())
     assert architecture_diffs(written, TINY.to_dict()) == []
-    from omnibert.run.plan import TrainConfigError
+    from omnibert.config import TrainConfigError
 
     with pytest.raises(TrainConfigError, match="hidden_size"):
         check_resume_target(str(ckpt), TINY.replace(hidden_size=64, attention="sdpa").to_dict())

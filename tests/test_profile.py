@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from omnibert.apps.train import run_or_exit
-from omnibert.run.plan import TrainConfigError
+from omnibert.config import TrainConfigError
 from omnibert.run.profiling import (
     ProfileSettings,
     build_profiler,

@@ -14,6 +14,7 @@ from test_experiments import SMALL
 
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
 from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
@@ -26,7 +27,7 @@ from omnibert.run.checks import (
     resolve_clipping,
     resolve_vocab_size,
 )
-from omnibert.run.plan import TrainConfigError, batch_plan
+from omnibert.run.plan import batch_plan
 from omnibert.run.pretraining import build, prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"

@@ -30,13 +30,13 @@ from omnibert.accelerators import build_plugin
 from omnibert.callbacks.progress import ProgressLog
 from omnibert.ckpt_files import saved_step
 from omnibert.compat import seed_everything
+from omnibert.config import TrainConfigError
 from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.checkpoints import load_pretrained
 from omnibert.convert.tf1_bundle import TF1Checkpoint
 from omnibert.errors import UserError
 from omnibert.run.pipeline import quiet_third_party_deprecations
-from omnibert.run.plan import TrainConfigError
 from omnibert.run.run_records import run_summary
 from omnibert.run.target_types import check_target_types
 from omnibert.tasks.pretraining import PretrainingTask

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omnibert.config import TrainConfigError
 from omnibert.run.activation_memory import estimate
 from omnibert.run.compile_only import available_memory as available_memory_of
-from omnibert.run.plan import TrainConfigError
 
 __all__ = ["UNKNOWN_MEMORY_CAP", "MicroBatchChoice", "choose_micro_batch", "largest_micro_batch"]
 

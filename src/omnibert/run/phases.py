@@ -34,9 +34,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from omnibert.callbacks.nonfinite import NonFiniteStop
 from omnibert.compat import load_checkpoint
-from omnibert.config import TrainConfig
+from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.errors import UserError
-from omnibert.run.plan import TrainConfigError
 from omnibert.run.pretraining import check_data
 
 __all__ = ["derive_phases", "phase_status", "run_phases"]

@@ -32,7 +32,7 @@ from omnibert.callbacks.mlperf import (
 from omnibert.callbacks.nonfinite import NonFiniteSteps
 from omnibert.callbacks.run_record import RunRecord
 from omnibert.compat import seed_everything
-from omnibert.config import TrainConfig
+from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.config.sections import next_sentence_objective, objective_name
 from omnibert.models import BertForPreTraining
 from omnibert.models.attention import plan_attention, resolve_attention
@@ -57,7 +57,7 @@ from omnibert.run.pipeline import (
     fit_safely,
     quiet_third_party_deprecations,
 )
-from omnibert.run.plan import BatchPlan, TrainConfigError, TrainPlan
+from omnibert.run.plan import BatchPlan, TrainPlan
 from omnibert.run.profiling import check_profile, profiler_for_run
 from omnibert.run.resume import nonfinite_advice, plan_resume, run_settings
 from omnibert.run.slurm import check_slurm_layout

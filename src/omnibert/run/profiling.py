@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 
-from omnibert.run.plan import TrainConfigError
+from omnibert.config import TrainConfigError
 
 __all__ = [
     "ProfileSettings",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from omnibert.run.plan import TrainConfigError
+from omnibert.config import TrainConfigError
 
 __all__ = ["check_slurm_layout", "processes_per_node"]
 

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from omnibert.config import TrainConfigError
 from omnibert.run.memory import largest_micro_batch
-from omnibert.run.plan import TrainConfigError
 from omnibert.run.probe_cache import cache_file, cache_key, device_name, read_cache, write_cache
 
 __all__ = [
