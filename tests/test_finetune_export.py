@@ -402,7 +402,7 @@ def test_what_omnibert_did_not_write_is_refused_in_one_sentence(runs, tmp_path):
     with pytest.raises(ConversionError, match=r"is a Hugging Face directory already"):
         export_app.run(compose("export", [f"ckpt={exported}", f"out={out}"]))
     assert not out.exists()
-    from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.checkpoints.reading import load_pretrained
 
     run_dir = runs["mrpc"][0]
     with pytest.raises(ConversionError, match=r"is an omnibert-finetune run \(a fine-tuned"):

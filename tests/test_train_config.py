@@ -14,13 +14,13 @@ from test_experiments import SMALL
 
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
+from omnibert.checkpoints.resuming import resolve_ckpt_path
 from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
 from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
-from omnibert.run.checkpoints import resolve_ckpt_path
 from omnibert.run.checks import (
     check_optimizer,
     describe_clipping,

@@ -11,7 +11,7 @@
   (:func:`omnibert.run.inference.export_hf_finetuned`).
 
 Wiring only: compose the config, tell the kind
-(:func:`omnibert.convert.checkpoints.checkpoint_kind`), export.
+(:func:`omnibert.checkpoints.reading.checkpoint_kind`), export.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.ckpt_files import saved_step
-from omnibert.convert.checkpoints import checkpoint_kind
-from omnibert.convert.hf import ConversionError, model_from_pretraining_checkpoint
+from omnibert.checkpoints.files import saved_step
+from omnibert.checkpoints.reading import checkpoint_kind, model_from_pretraining_checkpoint
+from omnibert.convert.hf import ConversionError
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.errors import exit_on

@@ -37,7 +37,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from omnibert.callbacks.saving import save_now
+from omnibert.checkpoints.saving import save_now
 from omnibert.errors import RunFailed
 from omnibert.optim.nonfinite import first_nonfinite_gradient, guard, mark_pending, skipped
 

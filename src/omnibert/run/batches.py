@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from omnibert.accelerators.base import lightning_precision
+from omnibert.checkpoints.resuming import resolve_ckpt_path, saved_sampler_state
 from omnibert.config import TrainConfig, TrainConfigError
-from omnibert.run.checkpoints import resolve_ckpt_path, saved_sampler_state
 from omnibert.run.checks import resolve_clipping, resolve_vocab_size
 from omnibert.run.memory import MicroBatchChoice, _gib, choose_micro_batch
 from omnibert.run.plan import BatchPlan, batch_plan, packed_batch_plan

@@ -1,7 +1,7 @@
 """The wiring of ``omnibert-eval``: a pretrained checkpoint of any kind on a prepared eval set.
 
 In this order, everything checked before compute: resolve the config → the accelerator
-plugin → the model (:func:`omnibert.convert.checkpoints.load_pretrained`: an omnibert
+plugin → the model (:func:`omnibert.checkpoints.reading.load_pretrained`: an omnibert
 ``.ckpt``, a Hugging Face directory or a TF1 checkpoint) → the eval data (only the held-out
 set is read; its row shape is the data's own unless set) and its fit with the model (vocab,
 positions) → Lightning's ``validate`` with the pretraining task's metrics: masked-LM accuracy
@@ -28,12 +28,12 @@ from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
 from omnibert.callbacks.progress import ProgressLog
-from omnibert.ckpt_files import saved_step
+from omnibert.checkpoints.files import saved_step
+from omnibert.checkpoints.reading import load_pretrained
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfigError
 from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
-from omnibert.convert.checkpoints import load_pretrained
 from omnibert.convert.tf1_bundle import TF1Checkpoint
 from omnibert.errors import UserError
 from omnibert.run.pipeline import quiet_third_party_deprecations

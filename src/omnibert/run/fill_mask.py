@@ -3,7 +3,7 @@ each ``[MASK]`` of a text, from a pretrained model.
 
 The model: an ``omnibert-train`` run (its directory: ``checkpoints/last.ckpt``, or a
 ``.ckpt``), an ``omnibert-export`` directory or another Hugging Face BERT / ModernBERT
-directory with its masked-LM head (:func:`omnibert.convert.checkpoints.load_pretrained`), or a
+directory with its masked-LM head (:func:`omnibert.checkpoints.reading.load_pretrained`), or a
 TensorFlow 1 checkpoint prefix. Its tokenizer: a directory's own ``tokenizer.json``, else
 BERT's WordPiece over its ``vocab.txt`` (:func:`omnibert.convert.hub_tokenizer.
 wordpiece_tokenizer`), lower-casing as trained (:func:`omnibert.run.exporting.lower_casing`).
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnibert.checkpoints.reading import FINETUNED_CKPT, checkpoint_kind, load_pretrained
 from omnibert.config.tools import PredictConfig
-from omnibert.convert.checkpoints import FINETUNED_CKPT, checkpoint_kind, load_pretrained
 from omnibert.convert.hub_tokenizer import SPECIAL_TOKENS, wordpiece_tokenizer
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.run.exporting import lower_casing
@@ -118,7 +118,7 @@ def _directory_tokenizer(path: Path, vocab: str) -> Any:
 
 def load_masked_lm(path: Path, bert_config: str | None = None) -> MaskedLM:
     """The model and tokenizer at ``path`` (:func:`masked_lm_path`'s answer)."""
-    from omnibert.convert.hf import model_from_pretraining_checkpoint
+    from omnibert.checkpoints.reading import model_from_pretraining_checkpoint
 
     kind = checkpoint_kind(path)
     if kind == "omnibert":

@@ -2,7 +2,7 @@
 the app, ``omnibert-predict`` and the tests; the task node owns what differs between tasks.
 
 :func:`prepare`: the inputs, checked before compute (:func:`~omnibert.run.finetune_inputs.
-check_inputs`) → the accelerator plugin, the initial weights (:func:`~omnibert.run.init_from.
+check_inputs`) → the accelerator plugin, the initial weights (:func:`~omnibert.checkpoints.init_from.
 load_encoder_source`: an omnibert ``.ckpt``, a Hugging Face directory or a TF1 prefix; the
 vocab comes from the checkpoint), the training features, the plan and the data module.
 :func:`build`: the task (``task``'s ``_target_``) with the weights, the configured callbacks
@@ -32,17 +32,17 @@ from omnibert.accelerators.base import FP8, lightning_precision
 from omnibert.accelerators.float8 import check_float8, convert_to_float8, plan_float8
 from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
-from omnibert.callbacks.run_record import RunRecord
+from omnibert.checkpoints.init_from import load_encoder_source
+from omnibert.checkpoints.resume_rules import FINETUNING, RunRecord, RunSettings, plan_resume
+from omnibert.checkpoints.resuming import refuse_a_finished_run, resolve_ckpt_path
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.data.finetuning import FineTuneDataModule
 from omnibert.finetune.batching import TrimPadding
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
 from omnibert.reporting import write_curves
-from omnibert.run.checkpoints import refuse_a_finished_run, resolve_ckpt_path
 from omnibert.run.finetune_eval import evaluate
 from omnibert.run.finetune_inputs import Inputs, check_inputs
-from omnibert.run.init_from import load_encoder_source
 from omnibert.run.kernels import optimizer_choice
 from omnibert.run.pipeline import (
     Prepared,
@@ -53,7 +53,6 @@ from omnibert.run.pipeline import (
     fit_safely,
     quiet_third_party_deprecations,
 )
-from omnibert.run.resume import FINETUNING, RunSettings, plan_resume
 from omnibert.run.target_types import check_target_types
 
 __all__ = [

@@ -16,9 +16,8 @@ from typing import Any
 import torch
 
 from omnibert.models import BertConfig, BertForPreTraining
+from omnibert.optim.build import ADAMW_TARGETS, LAMB_TARGETS
 
-LAMB_TARGETS = ("omnibert.optim.Lamb", "omnibert.optim.lamb.Lamb")
-ADAMW_TARGETS = ("omnibert.optim.AdamW", "omnibert.optim.param_groups.AdamW")
 #: Lamb's default ``compile_min_numel``
 LAMB_COMPILE_MIN_NUMEL = 20_000_000
 

@@ -19,16 +19,16 @@ from lightning.pytorch.callbacks import ProgressBar
 
 from omnibert import stopping
 from omnibert.accelerators.ddp import lost_rank
-from omnibert.callbacks import AtomicCheckpointIO, CompletedBatchProgress
 from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
 from omnibert.callbacks.progress import select_progress
 from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
 from omnibert.callbacks.stop import StopAtSafePoint
+from omnibert.checkpoints.resuming import CompletedBatchProgress, finished, resume_hint
+from omnibert.checkpoints.writing import AtomicCheckpointIO
 from omnibert.config.node import Node
 from omnibert.data.loader_workers import LoaderWorkerDied, worker_death
 from omnibert.errors import UserError
 from omnibert.logs import single_lightning_output
-from omnibert.run.checkpoints import finished, resume_hint
 
 __all__ = [
     "Prepared",

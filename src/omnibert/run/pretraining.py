@@ -29,8 +29,16 @@ from omnibert.callbacks.mlperf import (
     eval_interval_samples,
     mlperf_hyperparameters,
 )
-from omnibert.callbacks.nonfinite import NonFiniteSteps
-from omnibert.callbacks.run_record import RunRecord
+from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
+from omnibert.checkpoints.init_from import plan_pretraining_init, with_checkpoint_architecture
+from omnibert.checkpoints.resume_rules import RunRecord, RunSettings, plan_resume
+from omnibert.checkpoints.resuming import (
+    check_resume_position,
+    check_resume_target,
+    remove_stale_temporaries,
+    resolve_ckpt_path,
+)
+from omnibert.checkpoints.space import checkpoint_bytes, plan_checkpoint_space
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.config.sections import next_sentence_objective, objective_name
@@ -38,15 +46,7 @@ from omnibert.models import BertForPreTraining
 from omnibert.models.attention import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.batches import check_enough_data, data_and_batches
-from omnibert.run.checkpoint_space import checkpoint_bytes, plan_checkpoint_space
-from omnibert.run.checkpoints import (
-    check_resume_position,
-    check_resume_target,
-    remove_stale_temporaries,
-    resolve_ckpt_path,
-)
 from omnibert.run.checks import check_optimizer, describe_clipping, resolve_clipping
-from omnibert.run.init_from import plan_pretraining_init, with_checkpoint_architecture
 from omnibert.run.kernels import kernel_choices
 from omnibert.run.pipeline import (
     Prepared,
@@ -59,7 +59,6 @@ from omnibert.run.pipeline import (
 )
 from omnibert.run.plan import BatchPlan, TrainPlan
 from omnibert.run.profiling import check_profile, profiler_for_run
-from omnibert.run.resume import nonfinite_advice, plan_resume, run_settings
 from omnibert.run.slurm import check_slurm_layout
 from omnibert.run.target_types import check_target_types
 
@@ -151,7 +150,7 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
 
 def _checkpoint_space(config: TrainConfig, plan: TrainPlan, precision: str) -> dict[str, Any]:
     """A checkpoint's size × how many at once against the free space (refused when not even
-    one fits: :mod:`omnibert.run.checkpoint_space`); empty without a checkpoint callback."""
+    one fits: :mod:`omnibert.checkpoints.space`); empty without a checkpoint callback."""
     saving = config.checkpointing
     if saving is None:
         return {}
@@ -270,6 +269,38 @@ def plan_run(
         objective=objective_name(next_sentence),
         model=model,
         init=init,
+    )
+
+
+def run_settings(
+    config: TrainConfig, batch: BatchPlan, precision: str, micro_clip: float | None
+) -> RunSettings:
+    """The settings a resume compares with its checkpoint's, and every checkpoint records."""
+    saving = config.checkpointing
+    return RunSettings(
+        optimizer=config.optimizer.plain(),
+        schedule=None if config.schedule is None else config.schedule.plain(),
+        total_steps=config.max_steps,
+        global_batch_size=batch.global_batch_size,
+        micro_batch_size=batch.micro_batch_size,
+        world_size=batch.world_size,
+        precision=precision,
+        every_n_train_steps=None if saving is None else saving.every_n_train_steps,
+        keep_last=None if saving is None else saving.keep_last,
+        clip_grad_per_micro_batch=micro_clip,
+    )
+
+
+def nonfinite_advice(config: TrainConfig) -> NonFiniteAdvice:
+    """The keys the non-finite stop's advice names: ``optimizer.lr``, the run's LR and the
+    largest of the phase's recipe LRs (``phase.lr``; the suggestion's ceiling)."""
+    lr = config.optimizer.get("lr")
+    recipe = [float(v) for v in config.phase.lr.values()]
+    return NonFiniteAdvice(
+        lr_key="optimizer.lr",
+        lr=float(lr) if isinstance(lr, int | float) else None,
+        recipe_lr=max(recipe) if recipe else None,
+        run_name=config.run_name,
     )
 
 

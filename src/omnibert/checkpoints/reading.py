@@ -10,6 +10,8 @@ that cannot be read is one sentence naming the file and the fix.
 :func:`checkpoint_kind` is the one place that tells the kinds apart, a fourth included: an
 ``omnibert-finetune`` run (its directory or ``.ckpt``), which ``omnibert-export`` writes out
 as a Hugging Face task model and fine-tuning continues with its head.
+:func:`load_pretraining_checkpoint` reads an ``omnibert-train`` checkpoint's model config,
+weights and hyper-parameters, checked against each other.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ from typing import Any
 
 import torch
 
+from omnibert.checkpoints.files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.convert.hf import (
+    TIED_KEYS,
     ConversionError,
     init_from_hf,
-    model_from_pretraining_checkpoint,
     read_hf_config,
 )
 from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
-from omnibert.models import BertConfig, BertForPreTraining
+from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
 
 __all__ = [
     "FINETUNED_CKPT",
@@ -37,8 +40,12 @@ __all__ = [
     "checkpoint_kind",
     "finetune_recipe",
     "load_pretrained",
+    "load_pretraining_checkpoint",
+    "model_from_pretraining_checkpoint",
 ]
 
+#: What the pretraining loaders ask for; an app that takes more kinds names them instead.
+PRETRAINING_CHECKPOINT = "a checkpoint written by omnibert-train's pretraining task"
 #: Where an omnibert-finetune run keeps its fine-tuned weights, under its run directory.
 FINETUNED_CKPT = Path("checkpoints") / "final.ckpt"
 
@@ -122,7 +129,7 @@ def load_pretrained(
     reads only the encoder, passes ``require_heads=False`` and gets the missing heads listed
     in ``fresh_heads``, and a Hugging Face fine-tuned model's head in ``task_head``. An
     ``omnibert-finetune`` run is refused (fine-tuning reads those itself:
-    :mod:`omnibert.run.init_from`). ``key`` is the setting that named ``path``
+    :mod:`omnibert.checkpoints.init_from`). ``key`` is the setting that named ``path``
     (``ckpt``, ``model.init_from``): messages name it.
     """
     kind = checkpoint_kind(path, key)
@@ -175,3 +182,86 @@ def _load_tf1(path: Path, bert_config: str | Path | None) -> LoadedModel:
     report = load_tf1_into(model, prefix)
     vocab = prefix.parent / "vocab.txt"
     return LoadedModel(model, config, "tf1", report, str(vocab) if vocab.is_file() else None)
+
+
+def _directory_message(path: Path) -> str:
+    """What to pass instead of a directory: the checkpoints in it (or its checkpoints/)."""
+    found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+    if not found:
+        return (
+            f"ckpt={path} is a directory and holds no .ckpt file; pass ckpt= with a checkpoint "
+            "file, e.g. <run>/checkpoints/last.ckpt."
+        )
+    best = next((f for f in found if f.name == "last.ckpt"), found[-1])
+    names = ", ".join(str(f.relative_to(path)) for f in found[:8])
+    more = ", ..." if len(found) > 8 else ""
+    return (
+        f"ckpt={path} is a directory; pass one checkpoint file in it, e.g. ckpt={best} "
+        f"(it holds {names}{more})."
+    )
+
+
+def load_pretraining_checkpoint(
+    ckpt_path: str | Path, key: str = "ckpt", wanted: str = PRETRAINING_CHECKPOINT
+) -> tuple[BertConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """``(config, model state dict, hyper-parameters)`` of a pretraining Lightning checkpoint.
+
+    The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
+    and ``state_dict`` keys ``'model.' + <parameter name>``. ``key`` is the setting that named
+    it (``ckpt``, ``model.init_from``), for the messages: a file torch cannot load is called
+    damaged, with the intact checkpoint beside it (:mod:`omnibert.checkpoints.files`); a file that is
+    not a pretraining checkpoint is refused with "pass ``wanted``" (what the caller takes).
+    """
+    path = Path(ckpt_path)
+    if path.is_dir():
+        raise ConversionError(_directory_message(path))
+    if not path.is_file():
+        raise ConversionError(f"checkpoint {path} does not exist; pass ckpt= with a .ckpt file.")
+    try:
+        ckpt = load_checkpoint(path)
+    except Exception as err:
+        raise ConversionError(unreadable_checkpoint(key, path, err)) from err
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
+    if not isinstance(hparams, Mapping) or "model_config" not in hparams:
+        raise ConversionError(
+            f"checkpoint {path} is not an omnibert checkpoint (it has no "
+            f"hyper_parameters['model_config']); pass {wanted}."
+        )
+    try:
+        config = BertConfig.from_dict(hparams["model_config"])
+    except (BertConfigError, TypeError) as err:
+        raise ConversionError(f"checkpoint {path} has an unusable model_config: {err}") from err
+    state = {
+        key.removeprefix("model."): value
+        for key, value in ckpt.get("state_dict", {}).items()
+        if key.startswith("model.")
+    }
+    with torch.device("meta"):  # shapes only: no memory, no init cost
+        expected = BertForPreTraining(config).state_dict()
+    absent = [k for k in expected if k not in state and k not in TIED_KEYS]
+    extra = [k for k in state if k not in expected]
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if absent or extra or wrong:
+        if absent:
+            detail = f"missing {absent[0]}"
+        elif extra:
+            detail = f"unexpected {extra[0]}"
+        else:
+            shape, needed = tuple(state[wrong[0]].shape), tuple(expected[wrong[0]].shape)
+            detail = f"{wrong[0]} has shape {shape}, the config needs {needed}"
+        raise ConversionError(
+            f"checkpoint {path} does not hold the model its model_config describes ({detail}); "
+            f"pass {wanted}."
+        )
+    return config, state, dict(hparams)
+
+
+def model_from_pretraining_checkpoint(
+    ckpt_path: str | Path, key: str = "ckpt", wanted: str = PRETRAINING_CHECKPOINT
+) -> tuple[BertForPreTraining, dict[str, Any]]:
+    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters
+    (``key``: the setting that named it, ``wanted``: what to pass instead, for messages)."""
+    config, state, hparams = load_pretraining_checkpoint(ckpt_path, key, wanted)
+    model = BertForPreTraining(config)
+    model.load_state_dict(state, strict=False)
+    return model, hparams

@@ -1,6 +1,6 @@
 """Where a run's first weights come from (``model.init_from`` / ``phase.init_from``), found
 once, checked before compute and loaded through this module, for both jobs. The kind of
-checkpoint is :func:`omnibert.convert.checkpoints.checkpoint_kind`'s answer.
+checkpoint is :func:`omnibert.checkpoints.reading.checkpoint_kind`'s answer.
 
 Pretraining (:func:`plan_pretraining_init`, then :meth:`PretrainingInit.load_into`): a
 Hugging Face BERT or ModernBERT directory (:mod:`omnibert.convert.modernbert`; one of the
@@ -12,7 +12,7 @@ only the weights load (the optimiser and schedule start fresh).
 Fine-tuning (:func:`load_encoder_source`):
 
 * a pretrained checkpoint (an omnibert pretraining ``.ckpt``, a Hugging Face directory, a TF1
-  prefix; :func:`omnibert.convert.checkpoints.load_pretrained`): its encoder, and a fresh head;
+  prefix; :func:`omnibert.checkpoints.reading.load_pretrained`): its encoder, and a fresh head;
 * an omnibert-finetune run (its directory or ``.ckpt``): encoder *and* head, to continue
   fine-tuning, only when its head is this task's kind and size; a head of another kind (a
   regression task given a classification checkpoint, 3 MNLI classes for 2 RTE ones) is one
@@ -37,21 +37,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from omnibert.ckpt_files import unreadable_checkpoint
-from omnibert.compat import load_checkpoint
-from omnibert.config import TrainConfig, TrainConfigError
-from omnibert.convert.checkpoints import (
+from omnibert.checkpoints.files import unreadable_checkpoint
+from omnibert.checkpoints.reading import (
     FINETUNED_CKPT,
     checkpoint_kind,
     finetune_recipe,
     load_pretrained,
+    load_pretraining_checkpoint,
 )
+from omnibert.compat import load_checkpoint
+from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.convert.hf import (
     TIED_KEYS,
     family_mismatch,
     hf_model_type,
     init_from_hf,
-    load_pretraining_checkpoint,
     read_hf_config,
 )
 from omnibert.convert.tf1 import (

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from omnibert.callbacks.checkpoint_io import BYTES_PER_TENSOR, format_bytes, free_bytes
+from omnibert.checkpoints.writing import BYTES_PER_TENSOR, format_bytes, free_bytes
 from omnibert.config import TrainConfigError
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.kernels import ADAMW_TARGETS, LAMB_TARGETS
+from omnibert.optim.build import ADAMW_TARGETS, LAMB_TARGETS
 
 __all__ = ["BYTES_FIXED", "BYTES_PER_TENSOR", "checkpoint_bytes", "plan_checkpoint_space"]
 

@@ -1,8 +1,9 @@
 """What a resume may change, decided before compute (docs/faults.md, "Resume rules").
 
 A run resumed with ``ckpt_path`` compares its settings with the checkpoint's: the task's
-hyper-parameters (optimiser, schedule, run length, clipping), the run record of
-:mod:`omnibert.callbacks.run_record` (global batch, precision, checkpoint cadence) and, for a
+hyper-parameters (optimiser, schedule, run length, clipping), the run record
+(:class:`RunRecord` writes it into every checkpoint: global batch, precision, checkpoint
+cadence) and, for a
 checkpoint written before that record existed, the checkpoint callback's state key (the
 cadence). Every state-bearing setting that differs is either
 
@@ -20,8 +21,8 @@ cadence). Every state-bearing setting that differs is either
   ``-true`` setting (the weights' own dtype).
 
 The micro batch, the devices, the data and the seed belong to the data sampler's position:
-another value is refused by :func:`omnibert.run.checkpoints.check_resume_position`; another
-architecture by :func:`~omnibert.run.checkpoints.check_resume_target`. The applied changes
+another value is refused by :func:`omnibert.checkpoints.resuming.check_resume_position`; another
+architecture by :func:`~omnibert.checkpoints.resuming.check_resume_target`. The applied changes
 take effect through :meth:`omnibert.tasks.base.TrainingTask.apply_configured_settings`
 (optimiser and schedule) and the Trainer and callbacks the run builds from its config.
 """
@@ -29,30 +30,32 @@ take effect through :meth:`omnibert.tasks.base.TrainingTask.apply_configured_set
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 
-from omnibert.callbacks.nonfinite import NonFiniteAdvice
-from omnibert.callbacks.run_record import RUN_RECORD_KEY
-from omnibert.ckpt_files import unreadable_checkpoint
+from omnibert.checkpoints.files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
-from omnibert.config import TrainConfig, TrainConfigError
+from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
 from omnibert.optim.build import build_optimizer, build_schedule
-from omnibert.run.plan import BatchPlan
 
 __all__ = [
     "FINETUNING",
     "PRETRAINING",
+    "RUN_RECORD_KEY",
     "ResumeKeys",
+    "RunRecord",
     "RunSettings",
-    "nonfinite_advice",
     "plan_resume",
-    "run_settings",
 ]
+
+#: where a checkpoint keeps the run record (:class:`RunRecord`)
+RUN_RECORD_KEY = "omnibert_run"
 
 #: optimiser keys whose change would not fit the saved optimiser state
 _STATE_SHAPING = {
@@ -104,12 +107,27 @@ class RunSettings:
     clip_grad_per_micro_batch: float | None = None
 
     def record(self) -> dict[str, Any]:
-        """What :class:`~omnibert.callbacks.run_record.RunRecord` writes into checkpoints
+        """What :class:`RunRecord` writes into checkpoints
         (what the hyper-parameters lack)."""
         out = asdict(self)
         for key in ("optimizer", "schedule", "total_steps", "clip_grad_per_micro_batch"):
             del out[key]
         return out
+
+
+class RunRecord(pl.Callback):
+    """Puts ``record`` (plain values: :meth:`RunSettings.record`, the settings the task's
+    ``hparams`` do not hold) into every checkpoint under :data:`RUN_RECORD_KEY`; a run that
+    resumes the checkpoint compares them with its own (:func:`plan_resume`)."""
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.record = copy.deepcopy(dict(record))
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[RUN_RECORD_KEY] = copy.deepcopy(self.record)
 
 
 def plan_resume(
@@ -326,35 +344,3 @@ def _number(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     return f"{value:.6g}"
-
-
-def run_settings(
-    config: TrainConfig, batch: BatchPlan, precision: str, micro_clip: float | None
-) -> RunSettings:
-    """The settings a resume compares with its checkpoint's, and every checkpoint records."""
-    saving = config.checkpointing
-    return RunSettings(
-        optimizer=config.optimizer.plain(),
-        schedule=None if config.schedule is None else config.schedule.plain(),
-        total_steps=config.max_steps,
-        global_batch_size=batch.global_batch_size,
-        micro_batch_size=batch.micro_batch_size,
-        world_size=batch.world_size,
-        precision=precision,
-        every_n_train_steps=None if saving is None else saving.every_n_train_steps,
-        keep_last=None if saving is None else saving.keep_last,
-        clip_grad_per_micro_batch=micro_clip,
-    )
-
-
-def nonfinite_advice(config: TrainConfig) -> NonFiniteAdvice:
-    """The keys the non-finite stop's advice names: ``optimizer.lr``, the run's LR and the
-    largest of the phase's recipe LRs (``phase.lr``; the suggestion's ceiling)."""
-    lr = config.optimizer.get("lr")
-    recipe = [float(v) for v in config.phase.lr.values()]
-    return NonFiniteAdvice(
-        lr_key="optimizer.lr",
-        lr=float(lr) if isinstance(lr, int | float) else None,
-        recipe_lr=max(recipe) if recipe else None,
-        run_name=config.run_name,
-    )

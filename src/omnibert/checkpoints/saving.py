@@ -25,7 +25,7 @@ resumed step again (Lightning would, at the first micro-batch, mid-step).
 :meth:`~PretrainingCheckpoint.hold` keeps one file from being pruned while the run decides
 whether it is needed (the non-finite guard's pre-divergence checkpoint).
 
-A write that fails (:class:`~omnibert.callbacks.checkpoint_io.CheckpointWriteError`: a full
+A write that fails (:class:`~omnibert.checkpoints.writing.CheckpointWriteError`: a full
 disk, a quota, a read-only remount, an I/O error) leaves the files already there untouched, and
 Lightning's bookkeeping (``best_k_models``, ``last_model_path``, the step last saved) as it was
 before the write, so it never names a file that does not exist and the next save prunes the
@@ -34,8 +34,9 @@ right one. ``on_write_error=stop`` (the default) ends the run with one sentence 
 end of training, and the one of a stop by SIGTERM (:meth:`save_final`), end the run on a
 failure either way: that state would be lost.
 
-:class:`~omnibert.callbacks.batch_progress.CompletedBatchProgress` makes checkpoints written
-by Lightning < 2.5 inside ``on_train_batch_end`` resume with the next batch, as 2.5 does.
+:func:`save_now` writes a checkpoint of the state the run is in now, like the periodic ones:
+what a run that has to stop in the middle of training (a signal, non-finite gradients)
+leaves behind.
 """
 
 from __future__ import annotations
@@ -51,12 +52,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from omnibert.callbacks.batch_progress import CompletedBatchProgress
-from omnibert.callbacks.checkpoint_io import CheckpointWriteError, atomic_copy
-from omnibert.ckpt_files import saved_step
+from omnibert.checkpoints.files import saved_step
+from omnibert.checkpoints.writing import CheckpointWriteError, atomic_copy
 from omnibert.config.sections import Checkpointing
 
-__all__ = ["CompletedBatchProgress", "PretrainingCheckpoint"]
+__all__ = ["PretrainingCheckpoint", "save_now"]
 
 log = logging.getLogger("omnibert.checkpoint")
 
@@ -350,3 +350,35 @@ class PretrainingCheckpoint(ModelCheckpoint):
             return "no checkpoint of this run was written before"
         step = saved_step(last)
         return f"{last} (step {'?' if step is None else step}) is intact"
+
+
+def save_now(trainer: pl.Trainer) -> str | None:
+    """Save the current step through the run's checkpoint callback: its ``step-*.ckpt`` and
+    ``last.ckpt`` (unless it saved this step already); a callback that keeps no
+    ``last.ckpt`` of its own (fine-tuning's ``final.ckpt``) gets a ``last.ckpt`` beside.
+    Returns the path of ``last.ckpt`` (None: the run has no checkpoint callback). A write that
+    fails raises :class:`~omnibert.checkpoints.writing.CheckpointWriteError` whatever
+    ``callbacks.checkpoint.on_write_error`` says: this state would be lost. Call it at
+    the end of an optimiser step, where the periodic checkpoints are written, so the result
+    resumes exactly like them."""
+    checkpointing: Any = trainer.checkpoint_callback
+    if checkpointing is None:
+        return None
+    if getattr(checkpointing, "save_last", False):
+        if getattr(checkpointing, "_last_global_step_saved", -1) != trainer.global_step:
+            if hasattr(checkpointing, "save_final"):  # a failed write ends the run (exit 74)
+                checkpointing.save_final(trainer)
+            else:
+                candidates = checkpointing._monitor_candidates(trainer)
+                checkpointing._save_topk_checkpoint(trainer, candidates)
+                checkpointing._save_last_checkpoint(trainer, candidates)
+        return checkpointing.last_model_path or None
+    dirpath = getattr(checkpointing, "dirpath", None) or trainer.default_root_dir
+    path = Path(str(dirpath)) / "last.ckpt"
+    try:
+        trainer.save_checkpoint(path)
+    except CheckpointWriteError as err:
+        step = trainer.global_step
+        raise err.explain(f" at step {step}: {err.fix}, and run it again") from None
+    checkpointing.last_model_path = str(path)
+    return str(path)
