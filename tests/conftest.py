@@ -15,7 +15,7 @@ import pytest
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-# The speed probe (omnibert.run.speed_probe) chooses a micro batch by timing this machine: under
+# The speed probe (omnibert.run.sizing.speed_probe) chooses a micro batch by timing this machine: under
 # load its choice may differ between two runs a test compares, so the tests run the memory
 # rule (its own tests turn the probe on), with a cache of their own, never the user's.
 os.environ["OMNIBERT_MICRO_BATCH_PROBE"] = "false"

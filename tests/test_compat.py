@@ -19,7 +19,7 @@ from omnibert import compat
 from omnibert.callbacks.throughput import bert_pretraining_flops, measure_flops
 from omnibert.checkpoints.resuming import CompletedBatchProgress
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.activation_memory import meta_batch
+from omnibert.run.sizing.activation_memory import meta_batch
 
 
 class Small(nn.Module):

@@ -1,5 +1,5 @@
 """The defaults of a run with no tuning flags: the micro batch the speed probe chooses
-(omnibert.run.speed_probe), the resumed run's micro batch, and the CPU's precision rule.
+(omnibert.run.sizing.speed_probe), the resumed run's micro batch, and the CPU's precision rule.
 
 The selection logic is tested on fake timings (no test here depends on how fast this machine
 is); the probe itself runs once on a real tiny model to show it times, caches and leaves the
@@ -19,9 +19,9 @@ from omnibert.apps.train import run as train
 from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 from omnibert.models import BertConfig
-from omnibert.run import speed_probe
 from omnibert.run.batches import data_and_batches
-from omnibert.run.speed_probe import candidate_sizes, choose_fastest, probe_micro_batch
+from omnibert.run.sizing import speed_probe
+from omnibert.run.sizing.speed_probe import candidate_sizes, choose_fastest, probe_micro_batch
 
 
 class FakeClock:

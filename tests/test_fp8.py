@@ -346,7 +346,7 @@ def test_fine_tuning_trains_in_fp8_through_the_shared_pipeline(tmp_path, tiny_hf
 
 
 def test_compile_only_measures_the_fp8_step(tmp_path, monkeypatch) -> None:
-    from omnibert.run import compile_only
+    from omnibert.run.sizing import compile_only
 
     swapped: list[list[str]] = []
     convert = compile_only.convert_to_float8

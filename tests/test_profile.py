@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity
 
 from omnibert.apps.train import run_or_exit
 from omnibert.config import TrainConfigError
-from omnibert.run.profiling import (
+from omnibert.run.launching.profiling import (
     ProfileSettings,
     build_profiler,
     profile_settings,

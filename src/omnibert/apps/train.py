@@ -63,7 +63,7 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
     config = cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
     from omnibert import stopping
     from omnibert.accelerators.environment import format_report
-    from omnibert.run.pipeline import build_loggers, finish_loggers
+    from omnibert.run.pipeline.builders import build_loggers, finish_loggers
     from omnibert.run.pretraining import build, facts, fit, prepare
 
     prepared = prepare(config)
@@ -81,7 +81,7 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())
         _write_json(output_dir / "environment.json", prepared.environment)
     if config.compile_only:  # build, compile and time one step; report; no training
-        from omnibert.run.compile_only import compile_only, report_metrics
+        from omnibert.run.sizing.compile_only import compile_only, report_metrics
 
         report = compile_only(prepared, output_dir)
         loggers = build_loggers(config.loggers, facts(prepared))

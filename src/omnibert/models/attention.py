@@ -82,7 +82,7 @@ def resolve_attention(backend: str, device_type: str, dropout: bool, seq_length:
     for this device type, attention dropout (on or off) and sequence length (on the meta
     device, ``varlen`` counts as ``math``)."""
     if backend == "varlen" and device_type == "meta":
-        # the memory estimate's meta forward (omnibert.run.compile_only) has no data to unpad:
+        # the memory estimate's meta forward (omnibert.run.sizing.compile_only) has no data to unpad:
         # it counts the padded math path, an upper bound of what varlen keeps
         return "math"
     if backend != "auto":

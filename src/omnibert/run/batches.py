@@ -1,7 +1,7 @@
 """A pretraining run's data and batch plan: the data module, checked against the data
 (shapes, vocab, packing), the global batch split over devices and accumulation, and the micro
 batch: the one ``micro_batch_size`` sets, checked against memory, or the largest that fits
-(:mod:`omnibert.run.memory`)."""
+(:mod:`omnibert.run.sizing.memory`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from omnibert.accelerators.base import lightning_precision
 from omnibert.checkpoints.resuming import resolve_ckpt_path, saved_sampler_state
 from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.run.checks import resolve_clipping, resolve_vocab_size
-from omnibert.run.memory import MicroBatchChoice, _gib, choose_micro_batch
 from omnibert.run.plan import BatchPlan, batch_plan, packed_batch_plan
-from omnibert.run.speed_probe import candidate_sizes, probe_micro_batch
+from omnibert.run.sizing.memory import MicroBatchChoice, _gib, choose_micro_batch
+from omnibert.run.sizing.speed_probe import candidate_sizes, probe_micro_batch
 
 __all__ = ["check_enough_data", "data_and_batches", "resumed_micro_batch"]
 
@@ -127,7 +127,7 @@ def _fastest(
     world: int,
     compiled: bool,
 ) -> MicroBatchChoice:
-    """The memory's choice narrowed by the speed probe (:mod:`omnibert.run.speed_probe`) to
+    """The memory's choice narrowed by the speed probe (:mod:`omnibert.run.sizing.speed_probe`) to
     a divisor of the ``rows`` a device runs per step (so the step's rows stay what the
     recipe says), or kept with the reason the probe did not run."""
     why_not = (

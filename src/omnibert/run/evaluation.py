@@ -36,9 +36,9 @@ from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.tf1_bundle import TF1Checkpoint
 from omnibert.errors import UserError
-from omnibert.run.pipeline import quiet_third_party_deprecations
+from omnibert.run.pipeline.builders import quiet_third_party_deprecations
+from omnibert.run.pipeline.target_types import check_target_types
 from omnibert.run.run_records import run_summary
-from omnibert.run.target_types import check_target_types
 from omnibert.tasks.pretraining import PretrainingTask
 
 __all__ = ["evaluate"]

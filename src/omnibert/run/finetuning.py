@@ -1,4 +1,4 @@
-"""``omnibert-finetune``'s run on the shared pipeline (:mod:`omnibert.run.pipeline`), used by
+"""``omnibert-finetune``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`), used by
 the app, ``omnibert-predict`` and the tests; the task node owns what differs between tasks.
 
 :func:`prepare`: the inputs, checked before compute (:func:`~omnibert.run.finetune_inputs.
@@ -43,17 +43,15 @@ from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
 from omnibert.reporting import write_curves
 from omnibert.run.finetune_eval import evaluate
 from omnibert.run.finetune_inputs import Inputs, check_inputs
-from omnibert.run.kernels import optimizer_choice
-from omnibert.run.pipeline import (
-    Prepared,
-    Run,
+from omnibert.run.pipeline.builders import (
     build_callbacks,
     build_loggers,
     build_trainer,
-    fit_safely,
     quiet_third_party_deprecations,
 )
-from omnibert.run.target_types import check_target_types
+from omnibert.run.pipeline.kernels import optimizer_choice
+from omnibert.run.pipeline.stages import Prepared, Run, fit_safely
+from omnibert.run.pipeline.target_types import check_target_types
 
 __all__ = [
     "FEW_STEPS",

@@ -5,7 +5,7 @@ paper averages tasks with several: MRPC F1 and accuracy, STS-B Pearson and Spear
 matched and mismatched) and the GLUE average over the tasks present (all nine for the GLUE
 score; the BERT paper's average leaves WNLI out).
 
-Written by :class:`omnibert.run.sweeps.SweepReport` at the end of a sweep whose jobs'
+Written by :class:`omnibert.run.launching.sweeps.SweepReport` at the end of a sweep whose jobs'
 ``summary.json`` say ``"benchmark": "glue"``: ``<sweep dir>/glue_report.{md,json}``.
 """
 

@@ -138,7 +138,7 @@ class TrainPlan:
     data: dict[str, Any]
     #: what the model learns: "MLM + next-sentence" (BERT) or "MLM only" (no NSP head)
     objective: str = ""
-    #: how the micro batch was chosen (omnibert.run.memory)
+    #: how the micro batch was chosen (omnibert.run.sizing.memory)
     micro_batch_choice: str = ""
     #: the speed probe's measurements, when it chose the micro batch (run.speed_probe)
     micro_batch_probe: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""``omnibert-train``'s run on the shared pipeline (:mod:`omnibert.run.pipeline`), used by
+"""``omnibert-train``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`), used by
 the app and by every test that builds a run.
 
 :func:`prepare`: the typed config (ranges checked) → the accelerator plugin (SDK checked) and
@@ -47,20 +47,18 @@ from omnibert.models.attention import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.batches import check_enough_data, data_and_batches
 from omnibert.run.checks import check_optimizer, describe_clipping, resolve_clipping
-from omnibert.run.kernels import kernel_choices
-from omnibert.run.pipeline import (
-    Prepared,
-    Run,
+from omnibert.run.launching.profiling import check_profile, profiler_for_run
+from omnibert.run.launching.slurm import check_slurm_layout
+from omnibert.run.pipeline.builders import (
     build_callbacks,
     build_loggers,
     build_trainer,
-    fit_safely,
     quiet_third_party_deprecations,
 )
+from omnibert.run.pipeline.kernels import kernel_choices
+from omnibert.run.pipeline.stages import Prepared, Run, fit_safely
+from omnibert.run.pipeline.target_types import check_target_types
 from omnibert.run.plan import BatchPlan, TrainPlan
-from omnibert.run.profiling import check_profile, profiler_for_run
-from omnibert.run.slurm import check_slurm_layout
-from omnibert.run.target_types import check_target_types
 
 __all__ = [
     "build",

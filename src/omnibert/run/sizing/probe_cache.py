@@ -1,4 +1,4 @@
-"""The micro-batch speed probe's cache (:mod:`omnibert.run.speed_probe`): one JSON table of
+"""The micro-batch speed probe's cache (:mod:`omnibert.run.sizing.speed_probe`): one JSON table of
 choices, keyed by a hash of everything that changes the timing, in the user's cache folder.
 A second run with the same key reads the choice instead of timing again; a table that cannot
 be read counts as empty, one that cannot be written is said in the plan."""

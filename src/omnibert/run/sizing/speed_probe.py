@@ -1,6 +1,6 @@
 """The fastest micro batch that fits: a few timed forward/backward passes before training.
 
-The memory estimate (:mod:`omnibert.run.memory`) says how large a micro batch may be, not how
+The memory estimate (:mod:`omnibert.run.sizing.memory`) says how large a micro batch may be, not how
 fast it runs. On a CPU the largest size that fits is often slow: bert-tiny at seq 128 fits
 1,024 rows in 80 % of 24 GiB, but the 20 × 1,024 masked positions' logits over a 30,522-token
 vocabulary (2.5 GB in fp32) overflow every cache, and a 1,024-row micro-batch ran at about
@@ -48,8 +48,14 @@ import torch
 from torch import Tensor
 
 from omnibert.config import TrainConfigError
-from omnibert.run.memory import largest_micro_batch
-from omnibert.run.probe_cache import cache_file, cache_key, device_name, read_cache, write_cache
+from omnibert.run.sizing.memory import largest_micro_batch
+from omnibert.run.sizing.probe_cache import (
+    cache_file,
+    cache_key,
+    device_name,
+    read_cache,
+    write_cache,
+)
 
 __all__ = [
     "BUDGET_S",

@@ -1,7 +1,7 @@
 """A micro batch that fits: chosen from the compile-only memory estimate, or refused before
 compute when the one the user set cannot fit.
 
-The estimate is :func:`omnibert.run.activation_memory.estimate` (counted on the meta device at the
+The estimate is :func:`omnibert.run.sizing.activation_memory.estimate` (counted on the meta device at the
 run's shapes, packing included, as the kernels of the device's type keep tensors in the run's
 precision: on CUDA fused attention and autocast's bf16; on the CPU, with attention dropout, the
 math kernel's probabilities): parameters + gradients + optimiser state (fixed) plus the
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnibert.config import TrainConfigError
-from omnibert.run.activation_memory import estimate
-from omnibert.run.compile_only import available_memory as available_memory_of
+from omnibert.run.sizing.activation_memory import estimate
+from omnibert.run.sizing.compile_only import available_memory as available_memory_of
 
 __all__ = ["UNKNOWN_MEMORY_CAP", "MicroBatchChoice", "choose_micro_batch", "largest_micro_batch"]
 
@@ -39,7 +39,7 @@ class MicroBatchChoice:
     bytes_fixed: int | None = None
     bytes_per_row: int | None = None
     budget: int | None = None
-    #: the speed probe's measurements (omnibert.run.speed_probe), when it ran
+    #: the speed probe's measurements (omnibert.run.sizing.speed_probe), when it ran
     probe: dict[str, Any] | None = None
 
     def bytes_at(self, size: int) -> int | None:

@@ -4,7 +4,7 @@ What a sweep over micro batch size or sequence length needs to find what fits, w
 training (``omnibert-train -m data=generated compile_only=true micro_batch_size=8,16,32``):
 
 1. **Counted on the meta device** and **estimated**
-   (:mod:`omnibert.run.activation_memory`): parameters, FLOPs of forward + backward, the
+   (:mod:`omnibert.run.sizing.activation_memory`): parameters, FLOPs of forward + backward, the
    activations one micro-batch keeps with the kernels the run's device runs, and the
    memory a step needs; when the estimate exceeds the memory the device has (CPU:
    ``MemAvailable``; CUDA: the GPU's total memory) the step is not run and the report says
@@ -43,7 +43,7 @@ from omnibert.accelerators.float8 import convert_to_float8
 from omnibert.compat import flop_counter_name, seed_everything
 from omnibert.models import BertForPreTraining
 from omnibert.optim.build import build_optimizer
-from omnibert.run.activation_memory import estimate
+from omnibert.run.sizing.activation_memory import estimate
 
 __all__ = ["available_memory", "compile_only", "format_report", "report_metrics"]
 
@@ -112,7 +112,7 @@ def _first_batch(datamodule: Any) -> dict[str, Tensor]:
 
 
 def compile_only(prepared: Any, output_dir: Path | None) -> dict[str, Any]:
-    """Run ``compile_only`` for a prepared run (:class:`~omnibert.run.pipeline.Prepared`: its
+    """Run ``compile_only`` for a prepared run (:class:`~omnibert.run.pipeline.stages.Prepared`: its
     config, plan, data and plugin; module doc); returns the report, also printed and written
     to ``output_dir``."""
     plan, datamodule, plugin = prepared.plan, prepared.datamodule, prepared.plugin
