@@ -2,7 +2,7 @@
 
 Each case's batches come from omnibert's own wiring: ``omnibert-train``'s config
 (``data=generated`` with a length histogram, ``accelerator=gpu``) goes through
-``omnibert.run.pretraining.prepare``, so the plan, the precision (``auto``: bf16 where the GPU
+``omnibert.run.pretraining.job.prepare``, so the plan, the precision (``auto``: bf16 where the GPU
 runs it), the compile settings, the micro batch and the data module are a training run's. The
 sequences are drawn once, with a fixed seed, and **both sides read the same sequences**:
 unpacked, the very same batches; packed, Hugging Face (which has no packed attention) reads
@@ -280,9 +280,9 @@ def setting(args: argparse.Namespace, case: Case, key: str) -> Any:
 
 
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
-    """``omnibert.run.pretraining.prepare`` of the training config for one case."""
+    """``omnibert.run.pretraining.job.prepare`` of the training config for one case."""
     from omnibert.apps.compose import compose
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     spec, seq, packing = MODELS[case.model], case.seq, case.packing
     rows = micro_batch(args, case)

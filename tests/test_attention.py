@@ -354,7 +354,7 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
 ) -> None:
     from omnibert.apps.compose import compose
     from omnibert.apps.train import run_or_exit
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     auto = prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}"]))
     train, evaluate = (

@@ -245,7 +245,7 @@ BERT_TINY = ("model.config.hidden_size=128", "model.config.num_hidden_layers=2",
 
 @pytest.mark.parametrize("model", [(), BERT_TINY], ids=["smoke", "bert_tiny"])
 def test_the_plan_estimates_a_checkpoint_within_ten_percent(tmp_path, compose_config, model):
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     overrides = (*model, "phase.max_steps=1", "callbacks.checkpoint.keep_last=0")
     plan = prepare(compose_config(*SMOKE, *overrides, root=tmp_path)).plan
@@ -261,7 +261,7 @@ def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
     tmp_path, monkeypatch, compose_config
 ):
     from omnibert.checkpoints import space
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     monkeypatch.setattr(space, "free_bytes", lambda path: 100_000)
     with pytest.raises(UserError) as refused:

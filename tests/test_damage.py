@@ -211,7 +211,7 @@ def test_eval_of_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path) ->
 
 
 def test_resume_from_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path) -> None:
-    from omnibert.run.pretraining import prepare as prepare_run
+    from omnibert.run.pretraining.job import prepare as prepare_run
 
     root = damaged_last.parent.parent
     cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={root}", "ckpt_path=last"])

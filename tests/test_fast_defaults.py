@@ -19,7 +19,7 @@ from omnibert.apps.train import run as train
 from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 from omnibert.models import BertConfig
-from omnibert.run.batches import data_and_batches
+from omnibert.run.pretraining.batches import data_and_batches
 from omnibert.run.sizing import speed_probe
 from omnibert.run.sizing.speed_probe import candidate_sizes, choose_fastest, probe_micro_batch
 

@@ -35,7 +35,7 @@ from omnibert.apps.train import run_or_exit
 from omnibert.config.sections import ConfigError, Float8Settings
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.heads import BertForSequenceClassification
-from omnibert.run import pretraining
+from omnibert.run.pretraining import job as pretraining
 
 #: the Linear layers of one encoder layer that run in fp8
 LAYER_FP8 = (

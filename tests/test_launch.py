@@ -15,7 +15,7 @@ import torch
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
-from omnibert.run.pretraining import prepare
+from omnibert.run.pretraining.job import prepare
 from omnibert.run.sizing import memory
 
 TESTS = Path(__file__).parent

@@ -21,7 +21,7 @@ from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.pretraining import prepare
+from omnibert.run.pretraining.job import prepare
 from omnibert.run.sizing import activation_memory
 from omnibert.run.sizing.activation_memory import (
     Target,

@@ -21,14 +21,14 @@ from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
-from omnibert.run.checks import (
+from omnibert.run.pretraining.batches import batch_plan
+from omnibert.run.pretraining.checks import (
     check_optimizer,
     describe_clipping,
     resolve_clipping,
     resolve_vocab_size,
 )
-from omnibert.run.plan import batch_plan
-from omnibert.run.pretraining import build, prepare
+from omnibert.run.pretraining.job import build, prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 GROUPS = (

@@ -131,7 +131,7 @@ class PretrainConfig:
     compile_only: bool = False
     # false | true | a mapping of omnibert.run.launching.profiling.ProfileSettings fields
     profile: Any = False
-    # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}} (run/phases.py)
+    # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}} (run/pretraining/phases.py)
     phases: Optional[dict[str, Any]] = None  # noqa: UP045
     # MLPerf mode (phase=mlperf); null: off
     mlperf: Optional[MLPerfNode] = None  # noqa: UP045

@@ -85,7 +85,7 @@ class FinetunePlan:
     kernels: dict[str, str]
     #: trainer.precision=fp8's layers and recipe (accelerators.float8.Float8Plan; None: not fp8)
     float8: Any = None
-    #: what this run changes from the checkpoint it resumes, applied (run.resume)
+    #: what this run changes from the checkpoint it resumes, applied (checkpoints.resume_rules)
     resume_changes: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -74,12 +74,12 @@ def build_callbacks(
     return select_progress(callbacks, sys.stdout.isatty(), sequences_per_step)
 
 
-def build_loggers(loggers: Iterable[Node], facts: Mapping[str, Any]) -> list[Any]:
-    """The configured loggers (``logger=csv``, ``[csv,wandb]``, ...), each given ``facts``
-    (the resolved config, the plan, ...) as its hyper-parameters."""
+def build_loggers(loggers: Iterable[Node], hyperparameters: Mapping[str, Any]) -> list[Any]:
+    """The configured loggers (``logger=csv``, ``[csv,wandb]``, ...), each given
+    ``hyperparameters`` (the resolved config, the plan, ...) to record."""
     built = [node.build() for node in loggers]
     for logger in built:
-        logger.log_hyperparams(dict(facts))
+        logger.log_hyperparams(dict(hyperparameters))
     return built
 
 

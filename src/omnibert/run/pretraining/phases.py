@@ -36,7 +36,7 @@ from omnibert.callbacks.nonfinite import NonFiniteStop
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.errors import UserError
-from omnibert.run.pretraining import check_data
+from omnibert.run.pretraining.job import check_data
 
 __all__ = ["derive_phases", "phase_status", "run_phases"]
 

@@ -1,11 +1,14 @@
 """A pretraining run's data and batch plan: the data module, checked against the data
-(shapes, vocab, packing), the global batch split over devices and accumulation, and the micro
-batch: the one ``micro_batch_size`` sets, checked against memory, or the largest that fits
-(:mod:`omnibert.run.sizing.memory`)."""
+(shapes, vocab, packing), the global batch split over devices and accumulation
+(:class:`BatchPlan`: :func:`batch_plan`, :func:`packed_batch_plan`), and the micro batch: the
+one ``micro_batch_size`` sets, checked against memory, or the largest that fits
+(:mod:`omnibert.run.sizing.memory`). Every problem is one :class:`TrainConfigError` sentence
+naming the key and the fix."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +17,118 @@ import torch
 from omnibert.accelerators.base import lightning_precision
 from omnibert.checkpoints.resuming import resolve_ckpt_path, saved_sampler_state
 from omnibert.config import TrainConfig, TrainConfigError
-from omnibert.run.checks import resolve_clipping, resolve_vocab_size
-from omnibert.run.plan import BatchPlan, batch_plan, packed_batch_plan
+from omnibert.run.pretraining.checks import resolve_clipping, resolve_vocab_size
 from omnibert.run.sizing.memory import MicroBatchChoice, _gib, choose_micro_batch
 from omnibert.run.sizing.speed_probe import candidate_sizes, probe_micro_batch
 
-__all__ = ["check_enough_data", "data_and_batches", "resumed_micro_batch"]
+__all__ = [
+    "BatchPlan",
+    "batch_plan",
+    "check_enough_data",
+    "data_and_batches",
+    "packed_batch_plan",
+    "resumed_micro_batch",
+]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """``rows_per_step = micro_batch_size · world_size · accumulate_grad_batches``.
+
+    Unpacked, a row is a sequence and ``rows_per_step == global_batch_size``. Packed,
+    ``global_batch_size`` still counts sequences and ``rows_per_step`` is about
+    ``global_batch_size / sequences_per_row`` (:func:`packed_batch_plan`).
+    """
+
+    global_batch_size: int
+    world_size: int
+    micro_batch_size: int
+    accumulate_grad_batches: int
+    eval_micro_batch_size: int
+    sequences_per_row: float = 1.0
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.micro_batch_size * self.world_size * self.accumulate_grad_batches
+
+    @property
+    def sequences_per_step(self) -> float:
+        """Average sequences per optimiser step (exactly ``global_batch_size`` unpacked)."""
+        return self.rows_per_step * self.sequences_per_row
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TrainConfigError(f"{key}={value!r} must be a positive integer; fix {key}.")
+    return value
+
+
+def batch_plan(
+    global_batch_size: Any,
+    devices: Any,
+    num_nodes: Any,
+    micro_batch_size: Any = None,
+    eval_micro_batch_size: Any = None,
+) -> BatchPlan:
+    """Split the global batch over devices and accumulation steps (or explain why not)."""
+    total = _positive_int("phase.global_batch_size", global_batch_size)
+    world = _positive_int("accelerator.devices", devices) * _positive_int(
+        "accelerator.num_nodes", num_nodes
+    )
+    if micro_batch_size is None:
+        if total % world:
+            raise TrainConfigError(
+                f"phase.global_batch_size={total} does not split over {world} devices; choose "
+                f"a global batch that is a multiple of {world} or set micro_batch_size."
+            )
+        micro = total // world
+    else:
+        micro = _positive_int("micro_batch_size", micro_batch_size)
+    if total % (micro * world):
+        raise TrainConfigError(
+            f"phase.global_batch_size={total} is not a multiple of micro_batch_size={micro} × "
+            f"{world} device(s) = {micro * world}; choose a micro batch size that divides "
+            f"{total // world if total % world == 0 else total} evenly."
+        )
+    evaluation = micro if eval_micro_batch_size is None else eval_micro_batch_size
+    evaluation = _positive_int("eval_micro_batch_size", evaluation)
+    return BatchPlan(total, world, micro, total // (micro * world), evaluation)
+
+
+def packed_batch_plan(
+    batch: BatchPlan,
+    sequences_per_row: float,
+    micro_batch_size: Any = None,
+    max_micro_batch_size: int | None = None,
+) -> BatchPlan:
+    """The batch plan when rows hold ``sequences_per_row`` sequences on average.
+
+    ``phase.global_batch_size`` keeps counting sequences, so the learning rate, warmup and
+    step counts of the recipe keep their meaning: a step runs the whole number of
+    ``micro × devices`` row groups nearest to ``global / sequences_per_row`` (at least one),
+    which is how Graphcore and Habana scale the batch by the average packing factor. With
+    ``micro_batch_size`` null (the user set none) the rows are split over the devices without
+    accumulation, and with accumulation where that split exceeds ``max_micro_batch_size`` (the
+    largest micro batch that fits the device's memory).
+    """
+    if sequences_per_row <= 0:
+        raise ValueError(f"sequences_per_row={sequences_per_row} must be positive.")
+    rows = batch.global_batch_size / sequences_per_row
+    world = batch.world_size
+    if micro_batch_size is None:
+        micro, accumulate = max(1, round(rows / world)), 1
+        if max_micro_batch_size is not None and micro > max_micro_batch_size:
+            micro = max_micro_batch_size
+            accumulate = max(1, round(rows / (micro * world)))
+    else:
+        micro = _positive_int("micro_batch_size", micro_batch_size)
+        accumulate = max(1, round(rows / (micro * world)))
+    return dataclasses.replace(
+        batch,
+        micro_batch_size=micro,
+        accumulate_grad_batches=accumulate,
+        sequences_per_row=sequences_per_row,
+    )
 
 
 def data_and_batches(

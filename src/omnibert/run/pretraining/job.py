@@ -2,7 +2,7 @@
 the app and by every test that builds a run.
 
 :func:`prepare`: the typed config (ranges checked) → the accelerator plugin (SDK checked) and
-the SLURM layout → the data and the batch plan (:mod:`omnibert.run.batches`) → everything
+the SLURM layout → the data and the batch plan (:mod:`omnibert.run.pretraining.batches`) → everything
 else derived and checked once (vocab size, resume target, initial weights, optimiser and
 schedule, clipping, attention, kernels, profiling); no compute yet. :func:`build`: the task
 (``task``'s ``_target_``) with its initial weights, callbacks, loggers and the Trainer.
@@ -29,24 +29,19 @@ from omnibert.callbacks.mlperf import (
     eval_interval_samples,
     mlperf_hyperparameters,
 )
-from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
-from omnibert.checkpoints.init_from import plan_pretraining_init, with_checkpoint_architecture
-from omnibert.checkpoints.resume_rules import RunRecord, RunSettings, plan_resume
+from omnibert.callbacks.nonfinite import NonFiniteSteps
+from omnibert.checkpoints.init_from import with_checkpoint_architecture
+from omnibert.checkpoints.resume_rules import RunRecord
 from omnibert.checkpoints.resuming import (
     check_resume_position,
-    check_resume_target,
     remove_stale_temporaries,
-    resolve_ckpt_path,
 )
-from omnibert.checkpoints.space import checkpoint_bytes, plan_checkpoint_space
 from omnibert.compat import seed_everything
-from omnibert.config import TrainConfig, TrainConfigError
-from omnibert.config.sections import next_sentence_objective, objective_name
+from omnibert.config import TrainConfig
+from omnibert.config.sections import objective_name
 from omnibert.models import BertForPreTraining
 from omnibert.models.attention import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
-from omnibert.run.batches import check_enough_data, data_and_batches
-from omnibert.run.checks import check_optimizer, describe_clipping, resolve_clipping
 from omnibert.run.launching.profiling import check_profile, profiler_for_run
 from omnibert.run.launching.slurm import check_slurm_layout
 from omnibert.run.pipeline.builders import (
@@ -58,25 +53,30 @@ from omnibert.run.pipeline.builders import (
 from omnibert.run.pipeline.kernels import kernel_choices
 from omnibert.run.pipeline.stages import Prepared, Run, fit_safely
 from omnibert.run.pipeline.target_types import check_target_types
-from omnibert.run.plan import BatchPlan, TrainPlan
+from omnibert.run.pretraining.batches import data_and_batches
+from omnibert.run.pretraining.checks import resolve_clipping
+from omnibert.run.pretraining.plan import (
+    checkpoint_space_of,
+    nonfinite_advice,
+    plan_run,
+    run_settings,
+)
 
 __all__ = [
     "build",
     "build_task",
     "check_data",
-    "check_enough_data",
-    "facts",
     "fit",
+    "logged_hyperparameters",
     "majority_baselines",
-    "plan_run",
     "prepare",
-    "typed",
+    "typed_train_config",
 ]
 
 log = logging.getLogger("omnibert.train")
 
 
-def typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
+def typed_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """The run's typed config (the app builds it; tests may pass the composed config)."""
     return cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
 
@@ -85,7 +85,7 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     """Derive and check everything before compute (module docstring); builds no model."""
     quiet_third_party_deprecations()
     # model.init_from=<Hugging Face dir>: the architecture its config.json states
-    config = with_checkpoint_architecture(typed(cfg))
+    config = with_checkpoint_architecture(typed_train_config(cfg))
     check_target_types(
         config.target_nodes(), config.origins
     )  # trainer.max_epochs=abc: before anything builds
@@ -136,7 +136,7 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     plan = dataclasses.replace(
         plan, micro_batch_choice=choice.reason, micro_batch_probe=choice.probe,
         threads=threads, attention=attention, float8=float8,
-        kernels=kernels, checkpoint_space=_checkpoint_space(config, plan, precision),
+        kernels=kernels, checkpoint_space=checkpoint_space_of(config, plan, precision),
     )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)
@@ -146,160 +146,12 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     )
 
 
-def _checkpoint_space(config: TrainConfig, plan: TrainPlan, precision: str) -> dict[str, Any]:
-    """A checkpoint's size × how many at once against the free space (refused when not even
-    one fits: :mod:`omnibert.checkpoints.space`); empty without a checkpoint callback."""
-    saving = config.checkpointing
-    if saving is None:
-        return {}
-    each = checkpoint_bytes(plan.model.to_dict(), precision, config.optimizer)
-    return plan_checkpoint_space(
-        plan.checkpoint_dir, each, saving.keep_last, saving.every_n_train_steps, plan.max_steps
-    )
-
-
 def check_data(cfg: DictConfig | TrainConfig) -> None:
     """The config resolves and its data fits it (shapes, batch arithmetic): what a later
     phase of a multi-phase run checks before the first one trains."""
-    data_and_batches(typed(cfg))  # the memory of this machine's CPU: the data is what is checked
-
-
-def plan_run(
-    config: TrainConfig,
-    datamodule: Any,
-    batch: BatchPlan,
-    precision: str,
-    micro_clip: float | None,
-) -> TrainPlan:
-    """Everything derived from the typed config and the (checked) data; ``precision``:
-    ``trainer.precision`` resolved by the accelerator; ``micro_clip``: the resolved
-    ``clip_grad_per_micro_batch``."""
-    vocab_size = datamodule.vocab_size  # checked against model.config.vocab_size already
-    model = config.model.bert(vocab_size)
-    model_fields = dataclasses.asdict(model)
-    phase = config.phase
-    if phase.max_seq_length > model.max_position_embeddings:
-        raise TrainConfigError(
-            f"phase.max_seq_length={phase.max_seq_length} exceeds "
-            f"model.config.max_position_embeddings={model.max_position_embeddings}; shorten "
-            "the sequences or use a model with more positions."
-        )
-    checkpoint_dir = str(Path(config.paths.checkpoint_dir).resolve())
-    ckpt = resolve_ckpt_path(config.ckpt_path, checkpoint_dir)
-    init = None
-    if ckpt is not None:
-        check_resume_target(ckpt, model_fields)  # a resume takes its weights from it
-    else:
-        model_init, phase_init = config.model.init_from, phase.init_from
-        if model_init is not None and phase_init is not None:
-            raise TrainConfigError(
-                f"both model.init_from={model_init} and phase.init_from={phase_init} are set; "
-                "set the one you mean and the other to null."
-            )
-        init = plan_pretraining_init(
-            model_init if model_init is not None else phase_init,
-            config.model.bert_config,
-            model_fields,
-        )
-    check_optimizer(config.optimizer, config.schedule, config.max_steps)
-    changes = (
-        []
-        if ckpt is None
-        else plan_resume(
-            ckpt,
-            run_settings(config, batch, precision, micro_clip),
-            run_name=config.run_name,
-            origins=config.origins,
-        )
-    )  # what differs from the checkpoint: applied and shown, or refused in one sentence
-    next_sentence = next_sentence_objective(model)
-    if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:
-        log.warning(
-            "the training rows are single segments without next-sentence pairs (prepared "
-            "with next_sentence=false) but the model has a next-sentence head, which would "
-            "only learn their constant label 0; set model.config.next_sentence_head=false "
-            "(MLM only)."
-        )
-    if micro_clip is not None and precision.startswith("16"):
-        raise TrainConfigError(
-            f"clip_grad_per_micro_batch with trainer.precision={precision} would clip "
-            "loss-scaled gradients; use bf16-mixed or 32-true."
-        )
-    clipping = describe_clipping(micro_clip, config.optimizer, config.trainer.gradient_clip_val)
-    steps_per_epoch = datamodule.num_train_rows // batch.rows_per_step
-    if steps_per_epoch < 1:
-        fits = int(batch.global_batch_size * datamodule.num_train_rows / batch.rows_per_step)
-        raise TrainConfigError(
-            f"the training set has {datamodule.num_train_samples} sequences in "
-            f"{datamodule.num_train_rows} rows, fewer than one global batch of "
-            f"{batch.rows_per_step} rows (phase.global_batch_size={batch.global_batch_size}); "
-            f"set phase.global_batch_size to about {fits} or less, or use more data."
-        )
-    if config.steps_per_epoch is not None:
-        steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
-    every = config.val_every_n_steps
-    if datamodule.num_eval_samples == 0:
-        every = None
-    if config.mlperf is not None:
-        if datamodule.num_eval_samples == 0:
-            raise TrainConfigError(
-                "MLPerf mode (phase=mlperf) evaluates on the eval set; set data.eval_path."
-            )
-        every = None  # MLPerf evaluates at its own cadence (callbacks/mlperf.py)
-    acc = batch.accumulate_grad_batches
-    return TrainPlan(
-        batch=batch,
-        max_steps=config.max_steps,
-        steps_per_epoch=steps_per_epoch,
-        limit_train_batches=steps_per_epoch * acc,
-        val_every_n_steps=every,
-        val_check_interval=None if every is None else every * acc,
-        vocab_size=vocab_size,
-        init_from=None if init is None else init.path,
-        init_bert_config=None if init is None else init.bert_config,
-        ckpt_path=ckpt,
-        resume_changes=changes,
-        checkpoint_dir=checkpoint_dir,
-        clipping=clipping,
-        clip_grad_per_micro_batch=micro_clip,
-        precision=precision,
-        data=datamodule.describe(),
-        objective=objective_name(next_sentence),
-        model=model,
-        init=init,
-    )
-
-
-def run_settings(
-    config: TrainConfig, batch: BatchPlan, precision: str, micro_clip: float | None
-) -> RunSettings:
-    """The settings a resume compares with its checkpoint's, and every checkpoint records."""
-    saving = config.checkpointing
-    return RunSettings(
-        optimizer=config.optimizer.plain(),
-        schedule=None if config.schedule is None else config.schedule.plain(),
-        total_steps=config.max_steps,
-        global_batch_size=batch.global_batch_size,
-        micro_batch_size=batch.micro_batch_size,
-        world_size=batch.world_size,
-        precision=precision,
-        every_n_train_steps=None if saving is None else saving.every_n_train_steps,
-        keep_last=None if saving is None else saving.keep_last,
-        clip_grad_per_micro_batch=micro_clip,
-    )
-
-
-def nonfinite_advice(config: TrainConfig) -> NonFiniteAdvice:
-    """The keys the non-finite stop's advice names: ``optimizer.lr``, the run's LR and the
-    largest of the phase's recipe LRs (``phase.lr``; the suggestion's ceiling)."""
-    lr = config.optimizer.get("lr")
-    recipe = [float(v) for v in config.phase.lr.values()]
-    return NonFiniteAdvice(
-        lr_key="optimizer.lr",
-        lr=float(lr) if isinstance(lr, int | float) else None,
-        recipe_lr=max(recipe) if recipe else None,
-        run_name=config.run_name,
-    )
+    data_and_batches(
+        typed_train_config(cfg)
+    )  # the memory of this machine's CPU: the data is what is checked
 
 
 def build_task(prepared: Prepared) -> tuple[Any, str | None]:
@@ -339,7 +191,7 @@ def _mlperf_callback(prepared: Prepared, run_dir: Path) -> Any:
     )
 
 
-def facts(prepared: Prepared) -> dict[str, Any]:
+def logged_hyperparameters(prepared: Prepared) -> dict[str, Any]:
     """What the loggers record as the run's hyper-parameters."""
     return {
         "config": dict(prepared.config.raw),
@@ -362,7 +214,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     callbacks = build_callbacks(
         config, plan.batch.sequences_per_step, extra, nonfinite_advice(config)
     )
-    loggers = build_loggers(config.loggers, facts(prepared))
+    loggers = build_loggers(config.loggers, logged_hyperparameters(prepared))
     if plan.float8 is not None:  # trainer.precision=fp8: the swap before torch.compile
         convert_to_float8(task.model, plan.float8)
     plugin.compile_model(task.model)
