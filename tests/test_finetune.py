@@ -121,7 +121,7 @@ def test_logits_and_answers_equal_hugging_face_bert_for_question_answering(squad
     from omnibert.finetune.squad_examples import read_squad
     from omnibert.finetune.squad_windows import squad_features
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_eval import logits
+    from omnibert.run.finetuning.outputs import logits
     from omnibert.run.inference import export_hf_question_answering, load_finetuned
 
     summary, dev = squad_run

@@ -323,7 +323,7 @@ def test_an_fp8_checkpoint_exports_to_transformers(pair, tmp_path) -> None:
 def test_fine_tuning_trains_in_fp8_through_the_shared_pipeline(tmp_path, tiny_hf) -> None:
     from finetune_data import mrpc_file
 
-    from omnibert.run import finetuning
+    from omnibert.run.finetuning import job as finetuning
 
     train = mrpc_file(tmp_path / "train.tsv", 8, 1)
     cfg = compose("finetune", [

@@ -263,8 +263,8 @@ def test_per_token_logits_are_the_same_at_every_batch_size_and_width(runs, tmp_p
 
     from omnibert.finetune.batching import TrimPadding
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_eval import logits
-    from omnibert.run.finetune_inputs import task_data
+    from omnibert.run.finetuning.inputs import task_data
+    from omnibert.run.finetuning.outputs import logits
     from omnibert.run.inference import load_finetuned
 
     run_dir, dev, _ = runs["squad"]

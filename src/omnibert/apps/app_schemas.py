@@ -175,7 +175,7 @@ class FinetuneModelNode:
 @dataclass
 class FinetuneConfig:
     """The root of ``conf/finetune.yaml`` (its ranges: :class:`omnibert.config.FinetuneConfig`;
-    the task's recipe: :func:`omnibert.run.finetune_inputs.check_inputs`)."""
+    the task's recipe: :func:`omnibert.run.finetuning.inputs.check_inputs`)."""
 
     paths: Any = MISSING
     accelerator: Any = MISSING

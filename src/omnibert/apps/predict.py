@@ -6,7 +6,7 @@ texts, load the model and its tokenizer, the top-k tokens per ``[MASK]``
 (:mod:`omnibert.run.fill_mask`). A fine-tuned run: load its checkpoint, its task's data spec and vocab
 (:func:`omnibert.run.inference.load_finetuned`), read and check the inputs
 (:mod:`omnibert.run.predicting`), predict with the task's own features and post-processing
-(:func:`omnibert.run.finetune_eval.predict_outputs`), write JSON Lines (one record per input) to
+(:func:`omnibert.run.finetuning.outputs.predict_outputs`), write JSON Lines (one record per input) to
 ``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``);
 with a labelled file, print the task's metrics.
 
@@ -85,7 +85,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return _fill_mask(config, pretrained)
     from omnibert.accelerators import build_plugin
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_inputs import task_data
+    from omnibert.run.finetuning.inputs import task_data
     from omnibert.run.inference import load_finetuned
     from omnibert.run.predicting import check_task, predict_records, read_inputs
 

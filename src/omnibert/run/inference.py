@@ -18,7 +18,7 @@ from omnibert.checkpoints.init_from import read_finetuned
 from omnibert.checkpoints.reading import FINETUNED_CKPT as FINAL
 from omnibert.convert.hf_export import export_hf
 from omnibert.finetune.tokenizer import FineTuneInputError, vocab_is_uncased
-from omnibert.run.finetune_inputs import task_data
+from omnibert.run.finetuning.inputs import task_data
 from omnibert.run.model_cards import finetuned_card
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 

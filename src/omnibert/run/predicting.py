@@ -376,7 +376,7 @@ def predict_records(
     metrics). ``progress`` (None: for a file) shows the forward passes' progress over the
     features: a bar on a terminal, lines in a log."""
     from omnibert.logs import progress_bar
-    from omnibert.run.finetune_eval import predict_outputs
+    from omnibert.run.finetuning.outputs import predict_outputs
 
     dataset = inputs.dataset
     show = inputs.from_file if progress is None else progress

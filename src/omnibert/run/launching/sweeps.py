@@ -14,7 +14,7 @@ table of all jobs at the end.
   ``<sweep dir>/sweep_report.{json,md}`` (compile-only: what fits, memory, step time;
   training and fine-tuning: the final metrics, and their median, mean and spread over the
   jobs); a sweep over GLUE tasks adds ``glue_report.{json,md}``
-  (:mod:`omnibert.run.glue_report`).
+  (:mod:`omnibert.run.finetuning.glue_report`).
 """
 
 from __future__ import annotations
@@ -230,6 +230,6 @@ class SweepReport(Callback):
             )
         (sweep_dir / "sweep_report.md").write_text(text + "\n")
         print(f"sweep of {len(rows)} job(s) in {sweep_dir}:\n{text}", flush=True)
-        from omnibert.run.glue_report import write_glue_report
+        from omnibert.run.finetuning.glue_report import write_glue_report
 
         write_glue_report(sweep_dir)  # a sweep over GLUE tasks: the GLUE table too

@@ -13,7 +13,7 @@ import torch
 
 from omnibert.finetune.batching import TrimPadding, length_order
 
-__all__ = ["evaluate", "logits", "predict_outputs"]
+__all__ = ["evaluate_finetuned", "logits", "predict_outputs"]
 
 
 def logits(
@@ -86,11 +86,11 @@ def predict_outputs(
     return list(data.predict(dataset, feats, outputs, recipe)), outputs
 
 
-def evaluate(
+def evaluate_finetuned(
     inputs: Any, tokenizer: Any, task: Any, autocast: Any, run_dir: Path
 ) -> dict[str, Any]:
     """Predictions of ``task`` on every eval split of the checked ``inputs``
-    (:class:`~omnibert.run.finetune_inputs.Inputs`: metrics, files under ``eval/``) and
+    (:class:`~omnibert.run.finetuning.inputs.FinetuneInputs`: metrics, files under ``eval/``) and
     test split (submission files under ``submission/``)."""
     data, recipe = inputs.data, inputs.recipe
     trim = TrimPadding.of(inputs.config.data)

@@ -1,14 +1,14 @@
 """``omnibert-finetune``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`), used by
 the app, ``omnibert-predict`` and the tests; the task node owns what differs between tasks.
 
-:func:`prepare`: the inputs, checked before compute (:func:`~omnibert.run.finetune_inputs.
+:func:`prepare`: the inputs, checked before compute (:func:`~omnibert.run.finetuning.inputs.
 check_inputs`) → the accelerator plugin, the initial weights (:func:`~omnibert.checkpoints.init_from.
 load_encoder_source`: an omnibert ``.ckpt``, a Hugging Face directory or a TF1 prefix; the
 vocab comes from the checkpoint), the training features, the plan and the data module.
 :func:`build`: the task (``task``'s ``_target_``) with the weights, the configured callbacks
 and loggers, the Trainer from ``trainer``. :func:`fit`, then predictions on the eval splits,
 the official metrics, the submission files and ``summary.json`` in the run directory
-(:func:`run`, :func:`~omnibert.run.finetune_eval.evaluate`).
+(:func:`run`, :func:`~omnibert.run.finetuning.outputs.evaluate_finetuned`).
 
 How a task plugs in (reader, head, metric, submission writer): :mod:`omnibert.finetune.spec`.
 """
@@ -41,8 +41,8 @@ from omnibert.data.finetuning import FineTuneDataModule
 from omnibert.finetune.batching import TrimPadding
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
 from omnibert.reporting import write_curves
-from omnibert.run.finetune_eval import evaluate
-from omnibert.run.finetune_inputs import Inputs, check_inputs
+from omnibert.run.finetuning.inputs import FinetuneInputs, check_inputs
+from omnibert.run.finetuning.outputs import evaluate_finetuned
 from omnibert.run.pipeline.builders import (
     build_callbacks,
     build_loggers,
@@ -97,18 +97,18 @@ class FinetuneJob:
     """What only a fine-tuning run carries: its inputs, the checkpoint's vocab and tokenizer,
     the training features."""
 
-    inputs: Inputs
+    inputs: FinetuneInputs
     vocab_file: str
     tokenizer: Any
     train_tensors: dict[str, Any]
 
 
-def prepare(cfg: DictConfig | FinetuneConfig | Inputs) -> Prepared:
+def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
     """The checked inputs (given, or :func:`check_inputs` of the config), then the
     checkpoint, the tokenizer, the training features, the plan and the data module (no
     training yet)."""
     quiet_third_party_deprecations()
-    inputs = cfg if isinstance(cfg, Inputs) else check_inputs(cfg)
+    inputs = cfg if isinstance(cfg, FinetuneInputs) else check_inputs(cfg)
     config, recipe = inputs.config, inputs.recipe
     check_target_types(config.target_nodes(), config.origins)
     plugin = build_plugin(config.accelerator.node.plain())
@@ -280,7 +280,7 @@ def few_steps_notice(steps: int, recipe: dict[str, Any], examples: int) -> str |
     )
 
 
-def run(cfg: DictConfig | FinetuneConfig | Inputs) -> dict[str, Any]:
+def run(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
     returns the summary."""
     stopping.set_context(" before fine-tuning started")
@@ -309,7 +309,7 @@ def run(cfg: DictConfig | FinetuneConfig | Inputs) -> dict[str, Any]:
     if not built.trainer.is_global_zero:
         return {}
     autocast = prepared.plugin.autocast(plan.precision)
-    evaluated = evaluate(inputs, prepared.job.tokenizer, built.task, autocast, run_dir)
+    evaluated = evaluate_finetuned(inputs, prepared.job.tokenizer, built.task, autocast, run_dir)
     metric_values = evaluated["metrics"]
     data = inputs.data
     summary = {

@@ -17,11 +17,11 @@ from omnibert.finetune.sources import file_for, load_split
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_dir
 
-__all__ = ["Inputs", "check_inputs", "task_data", "typed"]
+__all__ = ["FinetuneInputs", "check_inputs", "task_data", "typed_finetune_config"]
 
 
 @dataclass
-class Inputs:
+class FinetuneInputs:
     """The checked config, the task's data and its splits (``datasets.Dataset``)."""
 
     config: FinetuneConfig
@@ -35,7 +35,7 @@ class Inputs:
     accumulate: int
 
 
-def typed(cfg: DictConfig | FinetuneConfig) -> FinetuneConfig:
+def typed_finetune_config(cfg: DictConfig | FinetuneConfig) -> FinetuneConfig:
     """The run's typed config (the app builds it; tests may pass the composed config)."""
     if isinstance(cfg, FinetuneConfig):
         return cfg
@@ -94,9 +94,9 @@ def _splits(config: FinetuneConfig, data: Any, role: str) -> tuple[dict[str, Any
     return out, where
 
 
-def check_inputs(cfg: DictConfig | FinetuneConfig) -> Inputs:
+def check_inputs(cfg: DictConfig | FinetuneConfig) -> FinetuneInputs:
     """Everything checkable without torch: one sentence naming the key and the fix."""
-    config = typed(cfg)
+    config = typed_finetune_config(cfg)
     data = task_data(config.task)
     recipe = config.recipe
     _check_recipe(recipe, data)
@@ -121,7 +121,7 @@ def check_inputs(cfg: DictConfig | FinetuneConfig) -> Inputs:
             f"task.batch_size={recipe['batch_size']} is not a multiple of micro_batch_size="
             f"{micro} x {world} device(s); choose a micro_batch_size that divides it."
         )
-    return Inputs(
+    return FinetuneInputs(
         config, recipe, data, train, evals, tests, {"train": train_where, **where}, micro,
         recipe["batch_size"] // (micro * world),
     )  # fmt: skip
