@@ -202,11 +202,11 @@ def test_export_of_a_damaged_last_ckpt_names_the_intact_one(
 
 
 def test_eval_of_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path) -> None:
-    from omnibert.run.evaluation import evaluate
+    from omnibert.run.tools.evaluation import evaluate_pretrained
 
     cfg = compose("eval", [f"ckpt={damaged_last / 'last.ckpt'}", "data.eval_path=unused"])
     with pytest.raises(UserError) as refused:
-        evaluate(cfg)
+        evaluate_pretrained(cfg)
     _damaged_message(str(refused.value), "ckpt", damaged_last)
 
 

@@ -99,9 +99,9 @@ def _predict(run_dir: Path, inputs: Path, out: Path) -> list[dict]:
 
 def _features(run_dir: Path, dev: Path):
     """The run's task, recipe and its own features of ``dev`` (what omnibert-predict runs)."""
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.finetune.tokenizer import build_tokenizer
     from omnibert.run.finetuning.inputs import task_data
-    from omnibert.run.inference import load_finetuned
 
     finetuned = load_finetuned(run_dir)
     data = task_data(finetuned.recipe)
@@ -187,8 +187,9 @@ def test_the_exported_tokenizer_lower_cases_as_the_run_did(runs, tmp_path, bert_
     cased one (the same vocab with one upper-case piece: omnibert reads it as cased)."""
     from transformers import AutoTokenizer
 
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.inference import export_hf_finetuned, load_finetuned
+    from omnibert.run.tools.exporting import export_hf_finetuned
 
     run_dir, _, _ = runs["mrpc"]
     finetuned = load_finetuned(run_dir)
@@ -418,8 +419,8 @@ def test_what_omnibert_did_not_write_is_refused_in_one_sentence(runs, tmp_path):
 
 def _squad_inputs(run_dir: Path, dev: Path) -> tuple[list, list[dict]]:
     """The dev file's questions and what omnibert-predict answers them (the run's records)."""
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.run.finetuning.inputs import task_data
-    from omnibert.run.inference import load_finetuned
 
     dataset = task_data(load_finetuned(run_dir).recipe).read_file(dev, "input_file")
     return list(zip(dataset["question"], dataset["context"], strict=True)), list(dataset["id"])

@@ -41,9 +41,9 @@ from omnibert.checkpoints.files import unreadable_checkpoint
 from omnibert.checkpoints.reading import (
     FINETUNED_CKPT,
     checkpoint_kind,
-    finetune_recipe,
     load_pretrained,
     load_pretraining_checkpoint,
+    read_finetuned,
 )
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
@@ -79,7 +79,6 @@ __all__ = [
     "head_of",
     "load_encoder_source",
     "plan_pretraining_init",
-    "read_finetuned",
     "with_checkpoint_architecture",
 ]
 
@@ -365,25 +364,6 @@ def load_encoder_source(
         fresh_heads=tuple(loaded.fresh_heads),
         head=head,
     )
-
-
-def read_finetuned(
-    file: Path, key: str, named: str, fix: str
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """An omnibert-finetune checkpoint: (the checkpoint, its hyper-parameters, its task
-    recipe). One sentence when it cannot be read (naming ``key``) or holds no recipe
-    (``named`` is not one; ``fix``)."""
-    try:
-        ckpt = load_checkpoint(file)
-    except Exception as err:
-        raise FineTuneInputError(unreadable_checkpoint(key, file, err)) from err
-    hparams = ckpt.get("hyper_parameters") or {}
-    recipe = finetune_recipe(hparams)
-    if recipe is None:
-        raise FineTuneInputError(
-            f"{named} is not an omnibert-finetune checkpoint (no task recipe); {fix}."
-        )
-    return ckpt, hparams, recipe
 
 
 def _finetuned_source(init_from: str, recipe: Mapping[str, Any]) -> EncoderSource:

@@ -11,7 +11,12 @@ that cannot be read is one sentence naming the file and the fix.
 ``omnibert-finetune`` run (its directory or ``.ckpt``), which ``omnibert-export`` writes out
 as a Hugging Face task model and fine-tuning continues with its head.
 :func:`load_pretraining_checkpoint` reads an ``omnibert-train`` checkpoint's model config,
-weights and hyper-parameters, checked against each other.
+weights and hyper-parameters, checked against each other; :func:`load_finetuned` an
+``omnibert-finetune`` checkpoint back as its task (``omnibert-predict``, ``omnibert-export``,
+tests, benchmarks). A checkpoint of :mod:`omnibert.tasks.finetuning` holds its hparams (model
+config, recipe, vocab path) and ``state_dict`` (``model.`` + Hugging Face names), so it
+rebuilds from itself; the vocab is the run directory's ``vocab.txt`` (the path recorded in the
+checkpoint, else the one two levels up from ``checkpoints/final.ckpt``).
 """
 
 from __future__ import annotations
@@ -32,16 +37,22 @@ from omnibert.convert.hf import (
     read_hf_config,
 )
 from omnibert.convert.tf1 import load_tf1_into, read_bert_config, resolve_bert_config
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
+from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
 __all__ = [
     "FINETUNED_CKPT",
+    "Finetuned",
     "LoadedModel",
     "checkpoint_kind",
     "finetune_recipe",
+    "load_finetuned",
     "load_pretrained",
     "load_pretraining_checkpoint",
     "model_from_pretraining_checkpoint",
+    "read_finetuned",
+    "task_class",
 ]
 
 #: What the pretraining loaders ask for; an app that takes more kinds names them instead.
@@ -265,3 +276,74 @@ def model_from_pretraining_checkpoint(
     model = BertForPreTraining(config)
     model.load_state_dict(state, strict=False)
     return model, hparams
+
+
+def read_finetuned(
+    file: Path, key: str, named: str, fix: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """An omnibert-finetune checkpoint: (the checkpoint, its hyper-parameters, its task
+    recipe). One sentence when it cannot be read (naming ``key``) or holds no recipe
+    (``named`` is not one; ``fix``)."""
+    try:
+        ckpt = load_checkpoint(file)
+    except Exception as err:
+        raise FineTuneInputError(unreadable_checkpoint(key, file, err)) from err
+    hparams = ckpt.get("hyper_parameters") or {}
+    recipe = finetune_recipe(hparams)
+    if recipe is None:
+        raise FineTuneInputError(
+            f"{named} is not an omnibert-finetune checkpoint (no task recipe); {fix}."
+        )
+    return ckpt, hparams, recipe
+
+
+@dataclass
+class Finetuned:
+    """A fine-tuned task back from its checkpoint (:func:`load_finetuned`), in eval mode."""
+
+    task: Any
+    recipe: dict[str, Any]
+    vocab_file: Path
+    checkpoint: Path
+
+
+def _checkpoint_file(path: Path) -> Path:
+    if path.is_dir():
+        if (path / FINETUNED_CKPT).is_file():
+            return path / FINETUNED_CKPT
+        raise FineTuneInputError(
+            f"ckpt={path} is a directory without {FINETUNED_CKPT}; pass the run directory of a finished "
+            "omnibert-finetune run or its .ckpt file."
+        )
+    if not path.is_file():
+        raise FineTuneInputError(
+            f"ckpt={path} does not exist; pass an omnibert-finetune run directory or its .ckpt."
+        )
+    return path
+
+
+def task_class(recipe: dict[str, Any]) -> Any:
+    """The LightningModule a fine-tuned recipe was trained with: question answering for a
+    recipe with windows (``doc_stride``; SQuAD), sequence classification otherwise."""
+    squad = "doc_stride" in recipe or recipe.get("format") == "squad"
+    return QuestionAnsweringTask if squad else SequenceClassificationTask
+
+
+def load_finetuned(path: str | Path) -> Finetuned:
+    """The fine-tuned task stored at ``path`` (a run directory or a ``.ckpt``), in eval mode."""
+    file = _checkpoint_file(Path(path))
+    ckpt, hparams, recipe = read_finetuned(
+        file, "ckpt", f"ckpt={file}", "pass the run directory of an omnibert-finetune run"
+    )
+    task = task_class(recipe)(**hparams)
+    task.load_state_dict(ckpt["state_dict"])
+    task.eval()
+    vocab = Path(hparams.get("vocab_file") or "")
+    if not vocab.is_file():
+        vocab = file.parent.parent / "vocab.txt"
+    if not vocab.is_file():
+        raise FineTuneInputError(
+            f"ckpt={file} records no readable vocab.txt and none lies in its run directory; "
+            "copy the checkpoint's vocab.txt there."
+        )
+    return Finetuned(task, recipe, vocab, file)

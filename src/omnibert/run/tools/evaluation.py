@@ -38,15 +38,17 @@ from omnibert.convert.tf1_bundle import TF1Checkpoint
 from omnibert.errors import UserError
 from omnibert.run.pipeline.builders import quiet_third_party_deprecations
 from omnibert.run.pipeline.target_types import check_target_types
-from omnibert.run.run_records import run_summary
+from omnibert.run.tools.run_records import run_summary
 from omnibert.tasks.pretraining import PretrainingTask
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate_pretrained"]
 
 MODEL_FACTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
-def evaluate(cfg: DictConfig | EvalConfig, output_dir: Path | None = None) -> dict[str, Any]:
+def evaluate_pretrained(
+    cfg: DictConfig | EvalConfig, output_dir: Path | None = None
+) -> dict[str, Any]:
     """Evaluate ``ckpt`` on ``data``'s eval set; returns the report (``cfg``: the typed
     config the app built, or the composed one)."""
     quiet_third_party_deprecations()
@@ -123,7 +125,7 @@ def eval_precision(
     given: str | None, plugin: Any, ckpt: str, kind: str, step: int | None
 ) -> tuple[str, str]:
     """The precision to evaluate in and why: ``precision=`` as given, else the one the
-    checkpoint's run validated in (its ``summary.json``: :mod:`omnibert.run.run_records`)
+    checkpoint's run validated in (its ``summary.json``: :mod:`omnibert.run.tools.run_records`)
     where this accelerator runs it, else fp32; the note says which, and when the run's own
     validation used another (masked-LM accuracies then differ in the last digits)."""
     summary = run_summary(ckpt, step) if kind == "omnibert" else None

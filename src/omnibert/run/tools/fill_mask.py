@@ -6,7 +6,7 @@ The model: an ``omnibert-train`` run (its directory: ``checkpoints/last.ckpt``, 
 directory with its masked-LM head (:func:`omnibert.checkpoints.reading.load_pretrained`), or a
 TensorFlow 1 checkpoint prefix. Its tokenizer: a directory's own ``tokenizer.json``, else
 BERT's WordPiece over its ``vocab.txt`` (:func:`omnibert.convert.hub_tokenizer.
-wordpiece_tokenizer`), lower-casing as trained (:func:`omnibert.run.exporting.lower_casing`).
+wordpiece_tokenizer`), lower-casing as trained (:func:`omnibert.run.tools.exporting.lower_casing`).
 
 Inputs: ``text=`` (one text), ``input_file=`` JSON Lines (``{"text": ...}`` per line) or
 plain text (one text per line), ``input_file=-`` standard input in either form. Each text
@@ -27,8 +27,8 @@ from omnibert.checkpoints.reading import FINETUNED_CKPT, checkpoint_kind, load_p
 from omnibert.config.tools import PredictConfig
 from omnibert.convert.hub_tokenizer import SPECIAL_TOKENS, wordpiece_tokenizer
 from omnibert.finetune.tokenizer import FineTuneInputError
-from omnibert.run.exporting import lower_casing
-from omnibert.run.predicting import STDIN, STDIN_NAME, json_records, stdin_lines
+from omnibert.run.tools.exporting import lower_casing
+from omnibert.run.tools.predicting import STDIN, STDIN_NAME, json_records, stdin_lines
 from omnibert.tokenization.vocab import sha256_file
 
 __all__ = [

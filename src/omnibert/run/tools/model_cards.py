@@ -1,7 +1,7 @@
 """The model cards of ``omnibert-export``'s repositories (:mod:`omnibert.convert.model_card`
 renders them): what the checkpoint's hyper-parameters and its run's own records say about a
 pretrained model (:func:`pretrained_card`: the run's ``summary.json`` found from the
-checkpoint, :mod:`omnibert.run.run_records`) or a fine-tuned one (:func:`finetuned_card`:
+checkpoint, :mod:`omnibert.run.tools.run_records`) or a fine-tuned one (:func:`finetuned_card`:
 the ``summary.json`` beside its ``checkpoints/final.ckpt``): the architecture and heads, the
 data, the metrics with where they were measured, the recipe. Nothing they do not record is
 claimed.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omnibert.convert.model_card import Metric, ModelCard, hub_id
-from omnibert.run.run_records import RunSummary, read_summary, run_summary
+from omnibert.run.tools.run_records import RunSummary, read_summary, run_summary
 
 __all__ = ["Pretrained", "finetuned_card", "pretrained_card", "recipe_rows"]
 

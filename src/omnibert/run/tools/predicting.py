@@ -38,7 +38,7 @@ from typing import Any
 from omnibert.config.tools import PredictConfig
 from omnibert.finetune.tokenizer import FineTuneInputError
 
-__all__ = ["STDIN", "Inputs", "check_task", "predict_records", "read_inputs"]
+__all__ = ["STDIN", "PredictInputs", "check_task", "predict_records", "read_inputs"]
 
 ALIASES = ("text", "text_pair")  # generic names for a task's one or two text columns
 STDIN = "-"  # input_file=-: standard input
@@ -46,7 +46,7 @@ STDIN_NAME = "input_file=- (standard input)"
 
 
 @dataclass
-class Inputs:
+class PredictInputs:
     """What to predict: ``dataset`` in the task's Hub columns; ``labelled``: metrics apply."""
 
     dataset: Any
@@ -150,16 +150,16 @@ def _squad_rows(records: Records, where: str, data: Any) -> list[dict[str, Any]]
     return rows
 
 
-def _squad_dataset(rows: list[dict[str, Any]], from_file: bool) -> Inputs:
+def _squad_dataset(rows: list[dict[str, Any]], from_file: bool) -> PredictInputs:
     import datasets
 
     columns: dict[str, list[Any]] = {k: [r[k] for r in rows] for k in ("id", "question", "context")}
     columns["title"] = [""] * len(rows)
     columns["answers"] = [{"text": [], "answer_start": []} for _ in rows]
-    return Inputs(datasets.Dataset.from_dict(columns), from_file, False)
+    return PredictInputs(datasets.Dataset.from_dict(columns), from_file, False)
 
 
-def _squad_inputs(cfg: PredictConfig, data: Any) -> Inputs:
+def _squad_inputs(cfg: PredictConfig, data: Any) -> PredictInputs:
     file = cfg.input_file
     if not file:
         if not cfg.question or not cfg.context:
@@ -174,7 +174,7 @@ def _squad_inputs(cfg: PredictConfig, data: Any) -> Inputs:
         raise FineTuneInputError(f"input_file={path} does not exist; pass a SQuAD JSON or JSONL.")
     if path.suffix != ".jsonl":
         dataset = data.read_file(path, "input_file")
-        return Inputs(dataset, True, data.has_labels(dataset))
+        return PredictInputs(dataset, True, data.has_labels(dataset))
     return _squad_dataset(_squad_rows(jsonl_file(path), f"input_file={path}", data), True)
 
 
@@ -200,7 +200,7 @@ def _named_columns(names: list[str], data: Any, path: Path | str) -> list[str]:
     )
 
 
-def _glue_records(records: Records, where: str, data: Any) -> Inputs:
+def _glue_records(records: Records, where: str, data: Any) -> PredictInputs:
     names = _named_columns(list(records[0][1]), data, where)
     for number, record in records:
         if not all(isinstance(record.get(n), str) for n in names):
@@ -210,7 +210,7 @@ def _glue_records(records: Records, where: str, data: Any) -> Inputs:
             )
         refuse_empty(where, number, record, names)
     texts = [[r[n] for _, r in records] for n in names]
-    return Inputs(_text_dataset(data, texts), True, False)
+    return PredictInputs(_text_dataset(data, texts), True, False)
 
 
 def stdin_lines() -> list[str]:
@@ -235,7 +235,7 @@ def stdin_lines() -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
-def _stdin_inputs(data: Any) -> Inputs:
+def _stdin_inputs(data: Any) -> PredictInputs:
     """The inputs of ``input_file=-``: JSON Lines, or for GLUE plain lines (module docstring)."""
     lines = stdin_lines()
     first = next((line for line in lines if line.strip()), None)
@@ -272,10 +272,10 @@ def _stdin_inputs(data: Any) -> Inputs:
         refuse_empty(STDIN_NAME, number, dict(zip(ALIASES, fields, strict=False)), ALIASES[:width])
         for column, value in zip(texts, fields, strict=True):
             column.append(value)
-    return Inputs(_text_dataset(data, texts), True, False)
+    return PredictInputs(_text_dataset(data, texts), True, False)
 
 
-def _glue_inputs(cfg: PredictConfig, data: Any) -> Inputs:
+def _glue_inputs(cfg: PredictConfig, data: Any) -> PredictInputs:
     width = len(data.text_columns)
     file = cfg.input_file
     if not file:
@@ -286,7 +286,7 @@ def _glue_inputs(cfg: PredictConfig, data: Any) -> Inputs:
                 f"task={data.task} reads {'sentence pairs' if width == 2 else 'one sentence'}: "
                 f"pass{need} (or input_file=<TSV or JSON Lines>)."
             )
-        return Inputs(_text_dataset(data, [[str(g)] for g in given]), False, False)
+        return PredictInputs(_text_dataset(data, [[str(g)] for g in given]), False, False)
     path = Path(str(file))
     if not path.is_file():
         raise FineTuneInputError(f"input_file={path} does not exist; pass a TSV or JSONL file.")
@@ -299,7 +299,7 @@ def _glue_inputs(cfg: PredictConfig, data: Any) -> Inputs:
         return _glue_records(jsonl_file(path), f"input_file={path}", data)
     try:  # the task's own GLUE TSV (dev or test layout)
         dataset = data.read_file(path, "input_file")
-        return Inputs(dataset, True, data.has_labels(dataset))
+        return PredictInputs(dataset, True, data.has_labels(dataset))
     except FineTuneInputError as own_format:
         with path.open(encoding="utf-8-sig", newline="") as handle:
             rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -321,10 +321,10 @@ def _glue_inputs(cfg: PredictConfig, data: Any) -> Inputs:
                 f"input_file={path} holds no rows; pass a non-empty file."
             ) from own_format
         texts = [[row[i] for row in body] for i in picks]
-        return Inputs(_text_dataset(data, texts), True, False)
+        return PredictInputs(_text_dataset(data, texts), True, False)
 
 
-def _parquet_inputs(path: Path, data: Any) -> Inputs:
+def _parquet_inputs(path: Path, data: Any) -> PredictInputs:
     """A Parquet file with the task's Hub columns (a split as ``datasets`` writes it)."""
     from omnibert.finetune.sources import load_file
 
@@ -332,10 +332,10 @@ def _parquet_inputs(path: Path, data: Any) -> Inputs:
     data.check(dataset, f"input_file={path}", labelled=False)
     if len(dataset) == 0:
         raise FineTuneInputError(f"input_file={path} holds no rows; pass a non-empty file.")
-    return Inputs(dataset, True, data.has_labels(dataset))
+    return PredictInputs(dataset, True, data.has_labels(dataset))
 
 
-def read_inputs(cfg: PredictConfig, data: Any) -> Inputs:
+def read_inputs(cfg: PredictConfig, data: Any) -> PredictInputs:
     """The inputs to predict, from the command line or ``input_file``."""
     given = [k for k in ("question", "context", *ALIASES) if cfg.given(k) is not None]
     if cfg.input_file and given:
@@ -366,7 +366,7 @@ def _softmax(row: Any) -> list[float]:
 def predict_records(
     data: Any,
     task: Any,
-    inputs: Inputs,
+    inputs: PredictInputs,
     tokenizer: Any,
     recipe: Mapping[str, Any],
     autocast: Any,
