@@ -66,7 +66,7 @@ def fsdp1_wrapped(model: torch.nn.Module, device: torch.device) -> Any:
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from omnibert.models.bert import BertLayer
+    from omnibert.models.layers import BertLayer
 
     return FullyShardedDataParallel(
         model,

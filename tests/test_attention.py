@@ -14,13 +14,8 @@ import pytest
 import torch
 
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
-from omnibert.models.attention import (
-    AUTO_CHOICES,
-    DenseAttention,
-    Unpadded,
-    check_backend,
-    resolve_attention,
-)
+from omnibert.models.attention import DenseAttention, Unpadded
+from omnibert.models.attention_choice import AUTO_CHOICES, check_backend, resolve_attention
 
 VOCAB = 99
 TINY = BertConfig(

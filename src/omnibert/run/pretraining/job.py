@@ -40,7 +40,7 @@ from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.config.sections import objective_name
 from omnibert.models import BertForPreTraining
-from omnibert.models.attention import plan_attention, resolve_attention
+from omnibert.models.attention_choice import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
 from omnibert.run.launching.profiling import check_profile, profiler_for_run
 from omnibert.run.launching.slurm import check_slurm_layout

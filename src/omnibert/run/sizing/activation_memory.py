@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from omnibert.callbacks.throughput import measure_flops
 from omnibert.models import BertForPreTraining
-from omnibert.models.attention import resolve_attention
+from omnibert.models.attention_choice import resolve_attention
 
 __all__ = [
     "CUDA_TRANSIENT_LAYERS",
@@ -150,7 +150,7 @@ class Target:
 def target_kernels(config: Any, device_type: str, precision: str, seq_length: int) -> Target:
     """How to count a training step of ``config`` at ``seq_length`` on ``device_type``: the
     attention backend it runs (``model.config.attention``, auto resolved as
-    :func:`omnibert.models.attention.resolve_attention` does for the device) and whether its
+    :func:`omnibert.models.attention_choice.resolve_attention` does for the device) and whether its
     SDPA is a fused kernel there; ``precision`` sets autocast."""
     dropout = config.attention_probs_dropout_prob > 0.0
     autocast = AUTOCAST_DTYPES.get(precision)
