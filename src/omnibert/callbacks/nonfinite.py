@@ -119,7 +119,7 @@ class NonFiniteSteps(pl.Callback):
         else:
             self._skipped(trainer, pl_module, step)
         every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
-        if trainer.loggers and every > 0 and step % every == 0:  # (log() costs ~0.3 ms)
+        if trainer.loggers and every > 0 and step % every == 0:  # log() is not free
             pl_module.log("train/nonfinite_steps", float(self.skipped_steps), on_step=True)
 
     def _skipped(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:

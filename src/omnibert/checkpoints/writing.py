@@ -70,14 +70,15 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
-#: zip entry, pickle and alignment bytes per tensor in a torch checkpoint (measured: 390-415)
+#: zip entry, pickle and alignment bytes per tensor in a torch checkpoint (what torch.save
+#: writes per tensor, rounded; tests/test_checkpoint_faults.py checks the estimates built on it)
 BYTES_PER_TENSOR = 400
 
 
 def checkpoint_file_bytes(obj: Any) -> int:
     """About the size of ``torch.save(obj)``: its tensor storages (nested dicts, lists and
-    tuples; each storage once), :data:`BYTES_PER_TENSOR` for each and 2 KiB for the rest
-    (within 1 % of the checkpoints of omnibert-train)."""
+    tuples; each storage once), :data:`BYTES_PER_TENSOR` for each and 2 KiB for the rest: what
+    a failed write's message says it needed."""
     seen: set[tuple[int, int]] = set()
     total = 0
     stack = [obj]

@@ -19,10 +19,10 @@ __all__ = [
 ]
 
 #: ``auto``'s choice per (device type, attention dropout active): the backend for sequence
-#: lengths up to each bound. CPU: measured with scripts/bench_attention.py (numbers on the
-#: docs page pretraining/attention.md): at seq 128 rows are ~90-97 % real tokens and unpadding
-#: does not pay (0.99x); at seq 512 (Wikipedia lengths, ~50 % padding) varlen is 2.5x faster
-#: (measured with attention dropout; without it the same rows are skipped, not measured
+#: lengths up to each bound. CPU: from scripts/bench_attention.py (its figures are on the
+#: docs page pretraining/attention.md): at seq 128 rows are nearly all real tokens and
+#: unpadding does not pay; at seq 512 (Wikipedia lengths, about half padding) varlen is the
+#: fastest (timed with attention dropout; without it the same rows are skipped, not timed
 #: apart). CUDA: ``sdpa`` (the dense mask path): ``auto`` leaves it only where a benchmark
 #: shows a faster backend, and varlen on CUDA has no timing (docs/pretraining/attention.md
 #: says how to take one with ``scripts/bench_gpu.py``). Device types not listed (hpu, ipu:

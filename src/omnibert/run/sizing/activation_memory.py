@@ -21,14 +21,11 @@ and the micro batch chosen to fit (:mod:`omnibert.run.sizing.memory`).
    per parameter for LAMB and AdamW) + activations + the backward's transients (+ one
    gradient-sized buffer with ``clip_grad_per_micro_batch``). The transients: on CUDA,
    :data:`CUDA_TRANSIENT_LAYERS` encoder layers' worth of activations (the caching allocator
-   frees each layer's saved tensors once its backward ends; on an H200, torch 2.11, bf16,
-   layers compiled, the step of BERT-large seq 512 micro batch 32 peaked at about
-   19.7-21 GiB for an estimate of 21.6 GiB, BERT-base seq 128 micro batch 128 at
-   7.6-8 GiB for 8.3 GiB: docs/benchmarks/gpu-h200-lease.json); elsewhere
+   frees each layer's saved tensors once its backward ends); elsewhere
    :data:`TRANSIENT_FACTOR` times the activations (the gradients of the activations and the
-   temporaries of softmax, GELU and layer norm live alongside them; measured on CPU,
-   bert-tiny at seq 128, the peak RSS was 2.0x the saved activations at micro batch 512 and
-   2.17x at 2048: 18.5 GiB for 8.5 GiB saved). When the estimate exceeds the memory the
+   temporaries of softmax, GELU and layer norm live alongside them). Both are set from
+   measured peaks, on an H200 and on the CPU (docs/pretraining/profiling.md has the
+   figures, with the records they come from). When the estimate exceeds the memory the
    device has (CPU: ``MemAvailable``; CUDA: the GPU's total memory) the step is not run and
    the report says ``fits: false`` instead of being killed by the kernel's OOM killer.
 """

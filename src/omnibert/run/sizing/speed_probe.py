@@ -1,10 +1,10 @@
 """The fastest micro batch that fits: a few timed forward/backward passes before training.
 
 The memory estimate (:mod:`omnibert.run.sizing.memory`) says how large a micro batch may be, not how
-fast it runs. On a CPU the largest size that fits is often slow: bert-tiny at seq 128 fits
-1,024 rows in 80 % of 24 GiB, but the 20 × 1,024 masked positions' logits over a 30,522-token
-vocabulary (2.5 GB in fp32) overflow every cache, and a 1,024-row micro-batch ran at about
-30 sequences/s where 64 rows ran several times faster. On a GPU larger is usually faster.
+fast it runs. On a CPU the largest size that fits is often slow: the masked positions'
+logits of a large micro batch over a 30,522-token vocabulary overflow every cache, so a
+smaller one runs more rows per second (docs/accelerators/cpu.md and docs/scale.md have the
+figures of bert-tiny's). On a GPU larger is usually faster.
 So, unless ``micro_batch_size`` is set, the run times its own model (freshly built, the run's
 precision, its device and threads) on synthetic rows of its batch shapes (:func:`probe_batch`)
 at up to four candidate sizes (:func:`candidate_sizes`: the largest that fits and quarter
@@ -78,8 +78,8 @@ BUDGET_S = 20.0
 TOLERANCE = 0.05
 #: seconds the training loop spends per micro-batch besides the forward and backward the probe
 #: times (Lightning's hooks, the loader's hand-over, gradient accumulation), added to each
-#: pass before rates are compared: without it a probe on the demo ranked 8 rows above 32
-#: (112.5 against 108.6 rows/s) where training ran 32 rows 20 % faster
+#: pass before rates are compared: without it the probe ranks a small micro batch above a
+#: larger one that trains faster (the loop's cost per micro-batch is what tips them)
 LOOP_SECONDS = 0.010
 #: a rate this far below the best so far ends the ascending probe
 FALLING = 0.10
