@@ -1,5 +1,5 @@
-"""The run pipeline both jobs share: ``omnibert-train`` (:mod:`omnibert.run.pretraining.job.job`)
-and ``omnibert-finetune`` (:mod:`omnibert.run.finetuning.job.job`) each *prepare* a
+"""The run pipeline both jobs share: ``omnibert-train`` (:mod:`omnibert.run.pretraining.job`)
+and ``omnibert-finetune`` (:mod:`omnibert.run.finetuning.job`) each *prepare* a
 :class:`Prepared` (the typed config, the accelerator plugin, the plan, the data module and the
 initial weights, all checked, no compute yet), *build* a :class:`Run` with the builders of
 :mod:`omnibert.run.pipeline.builders` (callbacks, loggers, the Trainer) and *fit* it with

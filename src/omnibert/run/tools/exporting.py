@@ -163,7 +163,7 @@ def export_hf_finetuned(
     + a model card (``README.md``), so that
     ``AutoModelFor...`` and ``AutoTokenizer.from_pretrained`` (and ``pipeline``) load the
     directory unchanged, with no missing or unexpected key. ``out_dir``: empty or absent
-    unless ``overwrite`` (:func:`omnibert.convert.hf.export_hf`).
+    unless ``overwrite`` (:func:`omnibert.convert.hf_export.export_hf`).
     """
 
     model = finetuned.task.model
