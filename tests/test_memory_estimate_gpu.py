@@ -1,7 +1,7 @@
 """The memory estimate of a GPU run counts what CUDA's kernels keep, on the CPU.
 
-``omnibert.run.sizing.activation_memory.estimate`` runs the forward on the meta device; for a CUDA run it
-counts SDPA as the fused kernel CUDA runs (q, k, v, output, logsumexp: no ``[B,H,S,S]``
+``omnibert.run.sizing.activation_memory.estimate`` runs the forward on the meta device; for a
+CUDA run it counts SDPA as the fused kernel CUDA runs (q, k, v, output, logsumexp: no ``[B,H,S,S]``
 probabilities), autocast's casts (bf16 matmul outputs) and dropout's one-byte masks. Counted
 like a CPU step instead, BERT-large at seq 512 and micro batch 32 in bf16-mixed came to
 144 GiB, and ``micro_batch_size=32`` was refused on an 80 GB H100 and on a 141 GB H200.

@@ -23,8 +23,8 @@ _REGISTERED = False
 
 def register() -> None:
     """Put the structured configs (:mod:`omnibert.schema`) in Hydra's ConfigStore and the
-    config resolvers (:mod:`omnibert.run.launching.sweeps`) in OmegaConf (idempotent); every app calls
-    it before composing."""
+    config resolvers (:mod:`omnibert.run.launching.sweeps`) in OmegaConf (idempotent); every app
+    calls it before composing."""
     global _REGISTERED
     if _REGISTERED:
         return

@@ -1,6 +1,6 @@
 """``omnibert-eval``: masked-LM (and, with that head, next-sentence) accuracy of any checkpoint on a prepared eval
-set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.tools.evaluation.evaluate_pretrained`, then print and
-write the report."""
+set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.tools.evaluation.evaluate_pretrained`,
+then print and write the report."""
 
 from __future__ import annotations
 

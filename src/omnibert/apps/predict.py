@@ -3,12 +3,12 @@ pretrained model (``conf/predict.yaml``).
 
 Wiring only. A pretrained model (:func:`omnibert.run.tools.fill_mask.masked_lm_path`): read the
 texts, load the model and its tokenizer, the top-k tokens per ``[MASK]``
-(:mod:`omnibert.run.tools.fill_mask`). A fine-tuned run: load its checkpoint, its task's data spec and vocab
-(:func:`omnibert.checkpoints.reading.load_finetuned`), read and check the inputs
+(:mod:`omnibert.run.tools.fill_mask`). A fine-tuned run: load its checkpoint, its task's data spec
+and vocab (:func:`omnibert.checkpoints.reading.load_finetuned`), read and check the inputs
 (:mod:`omnibert.run.tools.predicting`), predict with the task's own features and post-processing
-(:func:`omnibert.run.finetuning.outputs.predict_outputs`), write JSON Lines (one record per input) to
-``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``);
-with a labelled file, print the task's metrics.
+(:func:`omnibert.run.finetuning.outputs.predict_outputs`), write JSON Lines (one record per input)
+to ``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``); with
+a labelled file, print the task's metrics.
 
 Text is not configuration: ``question=``, ``context=``, ``text=`` and ``text_pair=`` are taken
 out of the command line before Hydra parses it (:func:`split_text_arguments`), so their

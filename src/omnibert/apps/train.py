@@ -31,7 +31,8 @@ OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir", "paths.log_dir")
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """Train as configured (one phase, or each of ``phases`` in turn: see
-    :mod:`omnibert.run.pretraining.phases`); returns the summary (also written to ``output_dir``)."""
+    :mod:`omnibert.run.pretraining.phases`); returns the summary (also written to ``output_dir``).
+    """
     from omnibert import stopping
 
     stopping.set_context(" before training started")

@@ -8,10 +8,9 @@ duration of ``fit``: it only notes it, lets the current optimiser step finish, w
 any checkpoint of the run) with ``resume.json`` beside it, and then hands the signal to
 submitit's handler, which requeues the job with its original command. The requeued job finds
 ``resume.json`` and resumes from that checkpoint with exactly the next batch
-(:func:`omnibert.checkpoints.resuming.resolve_ckpt_path`); the file goes when the run finishes. Under
-several processes every rank learns of the signal at the same step (one all-reduce per step).
-Outside submitit the callback does nothing.
-"""
+(:func:`omnibert.checkpoints.resuming.resolve_ckpt_path`); the file goes when the run finishes.
+Under several processes every rank learns of the signal at the same step (one all-reduce per step).
+Outside submitit the callback does nothing."""
 
 from __future__ import annotations
 

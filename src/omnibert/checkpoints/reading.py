@@ -220,9 +220,8 @@ def load_pretraining_checkpoint(
     The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
     and ``state_dict`` keys ``'model.' + <parameter name>``. ``key`` is the setting that named
     it (``ckpt``, ``model.init_from``), for the messages: a file torch cannot load is called
-    damaged, with the intact checkpoint beside it (:mod:`omnibert.checkpoints.files`); a file that is
-    not a pretraining checkpoint is refused with "pass ``wanted``" (what the caller takes).
-    """
+    damaged, with the intact checkpoint beside it (:mod:`omnibert.checkpoints.files`); a file that
+    is not a pretraining checkpoint is refused with "pass ``wanted``" (what the caller takes)."""
     path = Path(ckpt_path)
     if path.is_dir():
         raise ConversionError(_directory_message(path))
@@ -312,8 +311,8 @@ def _checkpoint_file(path: Path) -> Path:
         if (path / FINETUNED_CKPT).is_file():
             return path / FINETUNED_CKPT
         raise FineTuneInputError(
-            f"ckpt={path} is a directory without {FINETUNED_CKPT}; pass the run directory of a finished "
-            "omnibert-finetune run or its .ckpt file."
+            f"ckpt={path} is a directory without {FINETUNED_CKPT}; pass the run directory of a "
+            "finished omnibert-finetune run or its .ckpt file."
         )
     if not path.is_file():
         raise FineTuneInputError(

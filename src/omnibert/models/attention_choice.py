@@ -40,8 +40,8 @@ def resolve_attention(backend: str, device_type: str, dropout: bool, seq_length:
     for this device type, attention dropout (on or off) and sequence length (on the meta
     device, ``varlen`` counts as ``math``)."""
     if backend == "varlen" and device_type == "meta":
-        # the memory estimate's meta forward (omnibert.run.sizing.compile_only) has no data to unpad:
-        # it counts the padded math path, an upper bound of what varlen keeps
+        # the memory estimate's meta forward (omnibert.run.sizing.compile_only) has no data to
+        # unpad: it counts the padded math path, an upper bound of what varlen keeps
         return "math"
     if backend != "auto":
         return backend
@@ -105,5 +105,6 @@ def plan_attention(
     evaluate = resolve_attention(backend, device_type, False, seq_length)
     return (
         f"auto: {train} in training, {evaluate} in evaluation ({device_type}, seq {seq_length}, "
-        f"attention dropout {dropout_prob:g}; measured table omnibert.models.attention_choice.AUTO_CHOICES)"
+        f"attention dropout {dropout_prob:g}; "
+        "measured table omnibert.models.attention_choice.AUTO_CHOICES)"
     )

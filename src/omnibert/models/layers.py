@@ -181,12 +181,12 @@ class BertEmbeddings(nn.Module):
 class BertSelfAttention(nn.Module):
     """Multi-head attention on HF's separate ``query``/``key``/``value`` parameters.
 
-    Q, K and V run as one GEMM on the concatenated weights (fewer, larger GEMMs; measured
-    neutral on a 2-core CPU, where the GEMMs are large anyway) while they are plain
-    ``nn.Linear``; a subclass swapped in (torchao's ``Float8Linear`` under
-    ``trainer.precision=fp8``) runs its own forward, one projection each. With ``queries`` (the hidden states
-    of a subset of rows) only those rows attend, over all keys: the last layer of the
-    pretraining forward needs no other row.
+    Q, K and V run as one GEMM on the concatenated weights (fewer, larger GEMMs; no gain on a
+    CPU, where the GEMMs are large anyway) while they are plain ``nn.Linear``; a subclass
+    swapped in (torchao's ``Float8Linear`` under ``trainer.precision=fp8``) runs its own
+    forward, one projection each. With ``queries`` (the hidden states of a subset of rows)
+    only those rows attend, over all keys: the last layer of the pretraining forward needs no
+    other row.
     """
 
     def __init__(self, config: BertConfig) -> None:

@@ -1,13 +1,14 @@
-"""``omnibert-finetune``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`), used by
-the app, ``omnibert-predict`` and the tests; the task node owns what differs between tasks.
+"""``omnibert-finetune``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`),
+used by the app, ``omnibert-predict`` and the tests; the task node owns what differs between
+tasks.
 
-:func:`prepare`: the inputs, checked before compute (:func:`~omnibert.run.finetuning.inputs.
-check_inputs`) → the accelerator plugin, the initial weights (:func:`~omnibert.checkpoints.init_from.
-load_encoder_source`: an omnibert ``.ckpt``, a Hugging Face directory or a TF1 prefix; the
-vocab comes from the checkpoint), the training features, the plan and the data module.
-:func:`build`: the task (``task``'s ``_target_``) with the weights, the configured callbacks
-and loggers, the Trainer from ``trainer``. :func:`fit`, then predictions on the eval splits,
-the official metrics, the submission files and ``summary.json`` in the run directory
+:func:`prepare`: the inputs, checked before compute
+(:func:`~omnibert.run.finetuning.inputs.check_inputs`) → the accelerator plugin, the initial weights
+(:func:`~omnibert.checkpoints.init_from.load_encoder_source`: an omnibert ``.ckpt``, a Hugging Face
+directory or a TF1 prefix; the vocab comes from the checkpoint), the training features, the plan and
+the data module. :func:`build`: the task (``task``'s ``_target_``) with the weights, the configured
+callbacks and loggers, the Trainer from ``trainer``. :func:`fit`, then predictions on the eval
+splits, the official metrics, the submission files and ``summary.json`` in the run directory
 (:func:`run`, :func:`~omnibert.run.finetuning.outputs.evaluate_finetuned`).
 
 How a task plugs in (reader, head, metric, submission writer): :mod:`omnibert.finetune.spec`.

@@ -31,7 +31,8 @@ def count_parameters(model_config: Mapping[str, Any]) -> int:
 
 
 def attention_choice(model_config: Mapping[str, Any], device_type: str) -> str:
-    """The attention path :func:`omnibert.models.attention_choice.resolve_attention` picks on ``device_type``."""
+    """The attention path :func:`omnibert.models.attention_choice.resolve_attention` picks on
+    ``device_type``."""
     dropout = float(model_config.get("attention_probs_dropout_prob", 0.1))
     if device_type == "cpu" and dropout > 0:
         return (

@@ -1,12 +1,12 @@
-"""``omnibert-train``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`), used by
-the app and by every test that builds a run.
+"""``omnibert-train``'s run on the shared pipeline (:mod:`omnibert.run.pipeline.stages`), used
+by the app and by every test that builds a run.
 
-:func:`prepare`: the typed config (ranges checked) → the accelerator plugin (SDK checked) and
-the SLURM layout → the data and the batch plan (:mod:`omnibert.run.pretraining.batches`) → everything
-else derived and checked once (vocab size, resume target, initial weights, optimiser and
-schedule, clipping, attention, kernels, profiling); no compute yet. :func:`build`: the task
-(``task``'s ``_target_``) with its initial weights, callbacks, loggers and the Trainer.
-:func:`fit`: trains, validates on the whole eval set and returns the summary.
+:func:`prepare`: the typed config (ranges checked) → the accelerator plugin (SDK checked) and the
+SLURM layout → the data and the batch plan (:mod:`omnibert.run.pretraining.batches`) → everything
+else derived and checked once (vocab size, resume target, initial weights, optimiser and schedule,
+clipping, attention, kernels, profiling); no compute yet. :func:`build`: the task (``task``'s
+``_target_``) with its initial weights, callbacks, loggers and the Trainer. :func:`fit`: trains,
+validates on the whole eval set and returns the summary.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What one micro-batch of training keeps in memory on the run's device, counted on the meta
-device: the numbers behind ``compile_only=true``'s estimate (:mod:`omnibert.run.sizing.compile_only`)
-and the micro batch chosen to fit (:mod:`omnibert.run.sizing.memory`).
+device: the numbers behind ``compile_only=true``'s estimate
+(:mod:`omnibert.run.sizing.compile_only`) and the micro batch chosen to fit
+(:mod:`omnibert.run.sizing.memory`).
 
 1. **Counted on the meta device** (no memory, no compute, any size): parameters; FLOPs of
    forward + backward of one micro-batch with ``torch.utils.flop_counter.FlopCounterMode``

@@ -1,8 +1,8 @@
 """A micro batch that fits: chosen from the compile-only memory estimate, or refused before
 compute when the one the user set cannot fit.
 
-The estimate is :func:`omnibert.run.sizing.activation_memory.estimate` (counted on the meta device at the
-run's shapes, packing included, as the kernels of the device's type keep tensors in the run's
+The estimate is :func:`omnibert.run.sizing.activation_memory.estimate` (counted on the meta device
+at the run's shapes, packing included, as the kernels of the device's type keep tensors in the run's
 precision: on CUDA fused attention and autocast's bf16; on the CPU, with attention dropout, the
 math kernel's probabilities): parameters + gradients + optimiser state (fixed) plus the
 activations autograd keeps, which grow linearly with the micro batch. Two meta forwards (micro
