@@ -2,9 +2,9 @@
 against the padded path (``math`` with attention dropout, as ``auto`` chose before varlen
 existed; ``--peer sdpa`` for the other one), same data, model, steps and seed.
 
-Each round runs one ``omnibert-train`` process per backend, alternating which goes first, on
-generated rows: at seq 128 like Google's generator (90 % full rows), at seq 512 with the
-Wikipedia sequence-length histogram (about 50 % padding). The rate is the training callback's
+Each round (the harness's, :mod:`benchharness`) runs one ``omnibert-train`` process per
+backend, alternating which goes first, on generated rows: at seq 128 like Google's generator (90 % full rows), at seq 512 with the
+Wikipedia sequence-length histogram (about 50 % padding). The rate is not the round's seconds but the training callback's
 steady-state step time (from its first logging point on, so start-up is excluded), and the
 process's CPU seconds (start-up included; steadier than wall time on a shared machine). Prints
 each round, the medians and the median of the per-round ratios peer/varlen (> 1: varlen is
@@ -27,8 +27,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import benchplot
+from benchharness import Rounds, Turn, device_sync, run_rounds
 
 #: the Wikipedia seq-512 length histogram (Graphcore's, as the packing benchmarks use)
 HISTOGRAM = (
@@ -101,53 +103,66 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="bench_attention_") as tmp:
         for seq in args.seq:
-            histogram = args.histogram.resolve() if seq > 128 else None
-            times: dict[str, list[float]] = {args.peer: [], "varlen": []}
-            ratios, cpu_ratios = [], []
-            for round_ in range(args.rounds):
-                order = [args.peer, "varlen"][:: 1 if round_ % 2 == 0 else -1]
-                root = Path(tmp) / f"seq{seq}-round{round_}"
-                root.mkdir()
-                speeds = {b: train(b, seq, args, root, histogram) for b in order}
-                for backend, speed in speeds.items():
-                    times[backend].append(speed["step_time"])
-                ratios.append(speeds[args.peer]["step_time"] / speeds["varlen"]["step_time"])
-                cpu_ratios.append(
-                    speeds[args.peer]["cpu_seconds"] / speeds["varlen"]["cpu_seconds"]
-                )
-                padding = speeds["varlen"]["padding_fraction"]
-                print(
-                    f"  seq {seq} round {round_}: "
-                    + ", ".join(
-                        f"{b} {speeds[b]['step_time']:.2f} s/step ({speeds[b]['cpu_seconds']:.1f} "
-                        "CPU s per process)"
-                        for b in order
-                    )
-                    + f", ratio {ratios[-1]:.3f}, CPU {cpu_ratios[-1]:.3f} (padding {padding:.2f})"
-                )
-            benchplot.save_throughput(
-                args.results_dir,
-                f"attention-seq{seq}",
-                "Unpadding on the CPU: omnibert-train with model.config.attention=varlen against "
-                f"the padded {args.peer} path",
-                f"{args.model}, seq {seq}, {args.batch} unpacked rows a step, fp32, attention "
-                f"dropout 0.1, padding {padding:.2f}",
-                {
-                    "varlen": [args.batch / t for t in times["varlen"]],
-                    args.peer: [args.batch / t for t in times[args.peer]],
-                },
-                ratios,
-                extra={"step_seconds": times, "cpu_second_ratios": cpu_ratios},
-                unit="rows/s",
-                peer=args.peer,
-                ours="varlen",
+            measure(args, seq, Path(tmp) / f"seq{seq}")
+
+
+def measure(args: argparse.Namespace, seq: int, root: Path) -> None:
+    """``--rounds`` harness rounds of both backends at ``seq`` (a run folder per pass under
+    ``root``), printed, and the record of the sequence length."""
+    histogram = args.histogram.resolve() if seq > 128 else None
+
+    def backend(name: str) -> Any:
+        def region(turn: Turn) -> dict[str, float]:
+            (root / turn.tag).mkdir(parents=True, exist_ok=True)
+            return train(name, seq, args, root / turn.tag, histogram)
+
+        return region
+
+    def report(index: int, rounds: Rounds) -> None:
+        speeds = {r.peer: r.value for r in rounds.regions if r.turn.index == index}
+        print(
+            f"  seq {seq} round {index}: "
+            + ", ".join(
+                f"{b} {speeds[b]['step_time']:.2f} s/step ({speeds[b]['cpu_seconds']:.1f} "
+                "CPU s per process)"
+                for b in rounds.orders[index]
             )
-            print(
-                f"seq {seq}: median {args.peer} {statistics.median(times[args.peer]):.2f} s/step, "
-                f"varlen {statistics.median(times['varlen']):.2f} s/step; {args.peer}/varlen "
-                f"{statistics.median(ratios):.3f} (median of per-round ratios; process CPU seconds "
-                f"{statistics.median(cpu_ratios):.3f})"
-            )
+            + f", ratio {speeds[args.peer]['step_time'] / speeds['varlen']['step_time']:.3f}"
+            + f", CPU {speeds[args.peer]['cpu_seconds'] / speeds['varlen']['cpu_seconds']:.3f}"
+            + f" (padding {speeds['varlen']['padding_fraction']:.2f})"
+        )
+
+    rounds = run_rounds({b: backend(b) for b in (args.peer, "varlen")}, rounds=args.rounds,
+                        sync=device_sync("cpu"), after_round=report)  # fmt: skip
+    peer, ours = rounds.values(args.peer), rounds.values("varlen")
+    times = {args.peer: [v["step_time"] for v in peer],
+             "varlen": [v["step_time"] for v in ours]}  # fmt: skip
+    ratios = [p["step_time"] / o["step_time"] for p, o in zip(peer, ours, strict=True)]
+    cpu_ratios = [p["cpu_seconds"] / o["cpu_seconds"] for p, o in zip(peer, ours, strict=True)]
+    padding = ours[-1]["padding_fraction"]
+    benchplot.save_throughput(
+        args.results_dir,
+        f"attention-seq{seq}",
+        "Unpadding on the CPU: omnibert-train with model.config.attention=varlen against "
+        f"the padded {args.peer} path",
+        f"{args.model}, seq {seq}, {args.batch} unpacked rows a step, fp32, attention "
+        f"dropout 0.1, padding {padding:.2f}",
+        {
+            "varlen": [args.batch / t for t in times["varlen"]],
+            args.peer: [args.batch / t for t in times[args.peer]],
+        },
+        ratios,
+        extra={"step_seconds": times, "cpu_second_ratios": cpu_ratios},
+        unit="rows/s",
+        peer=args.peer,
+        ours="varlen",
+    )
+    print(
+        f"seq {seq}: median {args.peer} {statistics.median(times[args.peer]):.2f} s/step, "
+        f"varlen {statistics.median(times['varlen']):.2f} s/step; {args.peer}/varlen "
+        f"{statistics.median(ratios):.3f} (median of per-round ratios; process CPU seconds "
+        f"{statistics.median(cpu_ratios):.3f})"
+    )
 
 
 if __name__ == "__main__":

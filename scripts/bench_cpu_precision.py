@@ -3,7 +3,9 @@ torch.compile), what ``trainer.precision=auto`` and ``accelerator.compile=auto``
 
 Each variant is the real ``omnibert-train`` of :mod:`bench_time_to_accuracy` (the same demo rows,
 initial weights, LAMB recipe, 32 sequences a step, MLPerf mode's evaluation cadence and stop), on
-the same machine, rounds alternating the order of the variants. The time to the target counts
+the same machine, in the harness's rounds (:mod:`benchharness`: two variants alternate, more
+rotate). A round's region is a whole run; the figure is the run's own time to the target
+(its evaluations' clock), not the region's seconds. The time to the target counts
 everything the run does after its start (compilation included), so a variant only wins where it
 pays over the whole run. Variants:
 
@@ -28,6 +30,7 @@ from typing import Any
 import benchplot
 import torch
 from bench_time_to_accuracy import SIZES, initial_weights, median_round, recipe, run_omnibert
+from benchharness import Region, Turn, device_sync, run_rounds
 
 from omnibert.accelerators.cpu_bf16 import cpu_bf16_support
 
@@ -65,6 +68,30 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def time_variants(
+    args: argparse.Namespace, name: str, size: Any, init: Path, work: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """Each variant's runs of ``name`` to its target, in ``--rounds`` harness rounds."""
+
+    def variant(label: str) -> Any:
+        def region(turn: Turn) -> dict[str, Any]:
+            precision, extra = VARIANTS[label]
+            args.precision = precision
+            return run_omnibert(args, size, init, work, f"{name}-{label}-{turn.index}", extra)
+
+        return region
+
+    def ran(region: Region) -> None:
+        res = region.value
+        got = "missed" if res["seconds"] is None else f"{res['seconds']:.1f} s"
+        print(f"  [{region.turn.index}] {region.peer:13s} {got} to {size.target}, "
+              f"{res['steps']} steps", flush=True)  # fmt: skip
+
+    rounds = run_rounds({v: variant(v) for v in args.variant_names}, rounds=args.rounds,
+                        sync=device_sync("cpu"), after_region=ran)  # fmt: skip
+    return {v: rounds.values(v) for v in args.variant_names}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -88,17 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             size = recipe(args, name)
             init = initial_weights(size, args.seed, work, data / "vocab.txt")
             print(f"bert-{name}: target {size.target}, at most {size.max_steps} steps", flush=True)
-            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variant_names}
-            for r in range(args.rounds):
-                order = args.variant_names if r % 2 == 0 else args.variant_names[::-1]
-                for variant in order:
-                    precision, extra = VARIANTS[variant]
-                    args.precision = precision
-                    res = run_omnibert(args, size, init, work, f"{name}-{variant}-{r}", extra)
-                    runs[variant].append(res)
-                    got = "missed" if res["seconds"] is None else f"{res['seconds']:.1f} s"
-                    print(f"  [{r}] {variant:13s} {got} to {size.target}, {res['steps']} steps",
-                          flush=True)  # fmt: skip
+            runs = time_variants(args, name, size, init, work)
             result: dict[str, Any] = {"size": name, "variants": {}}
             for variant, results in runs.items():
                 times = [x["seconds"] for x in results]

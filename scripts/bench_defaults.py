@@ -18,7 +18,8 @@ pays for it as it would in the real run. Settings:
   ``accelerator.compile=true``.
 
 The grid runs once per command (one run per setting) to find the best; then ``--rounds``
-alternating rounds time ``defaults`` against the grid's ``--top`` settings (one run per grid
+harness rounds (:mod:`benchharness`: the order of the settings rotates each round; a
+round's region is a whole run, its rate the run's own, as above) time ``defaults`` against the grid's ``--top`` settings (one run per grid
 point is noisy; the best of them by median is "best") and ``before`` on the quiet machine
 and with ``--competitors`` busy processes beside it (``python -c "while True: pass"``, each of
 2 threads' worth when ``--competitor-threads 2``). Prints per-round rates, medians and
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import benchplot
+from benchharness import Region, Turn, device_sync, run_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "outputs" / "demo"
@@ -183,6 +185,33 @@ def replot(path: Path) -> None:
     benchplot.save(record, figure_of(record.measurements), path.parent)
 
 
+def time_settings(
+    args: argparse.Namespace, command: str, contenders: dict[str, list[str]], state: str,
+    work: Path,
+) -> dict[str, list[float]]:  # fmt: skip
+    """Each setting's rate (seq/s) in ``--rounds`` harness rounds, the machine ``quiet`` or
+    ``loaded`` (``--competitors`` busy processes beside each run)."""
+
+    def setting(name: str) -> Any:
+        def region(turn: Turn) -> float:
+            procs = competitors(args.competitors) if state == "loaded" else []
+            try:
+                tag = f"{command}-{state}-{name}-{turn.index}"
+                return float(run_once(command, contenders[name], work, tag)["seq_per_s"])
+            finally:
+                stop(procs)
+
+        return region
+
+    def ran(region: Region) -> None:
+        print(f"  {state:<6} [{region.turn.index}] {region.peer:<32} {region.value:8.1f} seq/s",
+              flush=True)  # fmt: skip
+
+    rounds = run_rounds({name: setting(name) for name in contenders}, rounds=args.rounds,
+                        sync=device_sync("cpu"), after_region=ran)  # fmt: skip
+    return {name: rounds.values(name) for name in contenders}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--commands", default="demo,quickstart,readme")
@@ -248,18 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 contenders["before"] = before(command, cpus)
             rates: dict[str, dict[str, list[float]]] = {"quiet": {}, "loaded": {}}
             for state in ("quiet",) if args.no_loaded else ("quiet", "loaded"):
-                for r in range(args.rounds):
-                    order = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
-                    for name in order:
-                        procs = competitors(args.competitors) if state == "loaded" else []
-                        try:
-                            res = run_once(command, contenders[name], work,
-                                           f"{command}-{state}-{name}-{r}")  # fmt: skip
-                        finally:
-                            stop(procs)
-                        rates[state].setdefault(name, []).append(res["seq_per_s"])
-                        print(f"  {state:<6} [{r}] {name:<32} {res['seq_per_s']:8.1f} seq/s",
-                              flush=True)  # fmt: skip
+                rates[state] = time_settings(args, command, contenders, state, work)
             result: dict[str, Any] = {"defaults_chose": first, "grid": found, "rates": rates}
             for state, by in rates.items():
                 if not by:

@@ -13,6 +13,11 @@ next-sentence prediction (their recipe), the modern ones masked-LM only (theirs)
 figure compared is masked-LM accuracy for both. The record is ``equal_time.json`` / ``.svg``
 (accuracy against minutes).
 
+Its loop is its own, not the harness's rounds (:mod:`benchharness`): each model trains once,
+one after the other, on a budget sized from its own probe, and the figure is the accuracy
+those minutes reach, not a rate timed against a peer in alternating rounds; a second round
+would double a run of many minutes to refine nothing it reports.
+
     make demo   # the demo corpus
     python scripts/bench_equal_time.py --minutes 15                    # bert-mini vs modern_mini
     python scripts/bench_equal_time.py --models tiny,modern_tiny --minutes 2

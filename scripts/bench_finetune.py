@@ -5,18 +5,19 @@ fresh qa_outputs head copied into both) and train (forward + start/end cross-ent
 + ``torch.optim.AdamW`` step, dropout on) on the same pre-generated batches of SQuAD-shaped
 windows (seq 384 by default, each row's real length drawn from half to all of it, the rest
 padding, the batch as wide as seq on both sides), with the same torch threads and
-precision. Rounds interleave the two models
-(A then B, B then A on odd rounds) so drift in machine load hits both alike; one warm-up step
-each is not timed. Prints sequences/s per round, the medians and the median of the per-round
-ratios (ours / HF).
+precision. The rounds are the harness's (:mod:`benchharness`): a round is each model's
+``--steps`` steps in turn, timed between two device synchronisations (none on a CPU), the
+order alternating so drift in machine load hits both alike; one warm-up step each is a
+warm-up pass, not timed. Prints sequences/s per round, the medians and the median of the
+per-round ratios (ours / HF).
 
     python scripts/bench_finetune.py --batch 8 --steps 20 --rounds 3
     python scripts/bench_finetune.py --device cuda --precision bf16 --batch 32
 
 ``--mode trainer``: end to end against the Hugging Face ``Trainer`` on SQuAD v1.1 and GLUE
 MRPC template data (``tests/finetune_data.py``, generated: nothing is downloaded). For each
-task and seed, alternating which runs first, in this process (both frameworks imported
-before any timing), same torch threads, fp32:
+task, a harness round per seed (the order alternating), in this process (both frameworks
+imported before any timing), same torch threads, fp32:
 
 * **omnibert**: ``omnibert-finetune``'s own steps (:func:`omnibert.run.finetuning.job.prepare`,
   ``build``, ``fit``: read the files, tokenise, load MiniLM, train), with its default
@@ -34,8 +35,9 @@ only in their dropout and data-order draws: on this small template data, which h
 draws moves the metric more than anything else measured (MRPC, 3 epochs: the Trainer scored
 1.000 on seeds 1-3 with its own heads and 1.000 / 0.975 / 0.990 with omnibert's).
 
-The timed span starts before the data files are read and ends when training returns; the
-metric is then computed the same way for both (the trained model's outputs on omnibert's eval
+A side's timed region is the whole run: from composing its config (omnibert) or loading the
+tokenizer (hf), before the data files are read, to the end of training; the metric is then
+computed, untimed, the same way for both (the trained model's outputs on omnibert's eval
 features, omnibert's post-processing and the official definitions: SQuAD F1, MRPC accuracy).
 Prints each run, per task the medians and the median per-seed ratio of training examples/s
 (omnibert / hf: above 1 means omnibert is faster), and writes the benchplot record.
@@ -51,7 +53,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -61,6 +62,7 @@ import benchplot
 import torch
 import torch.nn.functional as F
 import transformers
+from benchharness import Region, Rounds, Turn, device_sync, run_rounds
 
 from omnibert.checkpoints.reading import load_pretrained
 from omnibert.models.heads import BertForQuestionAnswering
@@ -112,8 +114,8 @@ def step_fn(model: torch.nn.Module, hf: bool, autocast: Callable[[], object]) ->
 
 # ------------------------------------------------------------------ --mode trainer (e2e)
 def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, seed: int,
-                 out: Path) -> tuple[float, Any, Any]:  # fmt: skip
-    """(seconds to the end of training, the trained task, the prepared run)."""
+                 out: Path) -> tuple[Any, Any]:  # fmt: skip
+    """(the trained task, the prepared run)."""
     from omnibert.apps.compose import compose
     from omnibert.run.finetuning.job import build, fit, prepare
 
@@ -124,13 +126,12 @@ def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, 
         f"task.lr={args.lr}", f"task.batch_size={args.batch}",
         f"task.max_seq_length={args.seq_of[task]}", f"data.padding={args.omnibert_padding}",
     ])  # fmt: skip
-    start = time.perf_counter()
     prepared = prepare(cfg)
     run = build(prepared, Path(prepared.config.paths.run_dir))
     if args.same_head:
         set_head(run.task.model, task, seed)
     fit(run)
-    return time.perf_counter() - start, run.task, prepared
+    return run.task, prepared
 
 
 def set_head(model: torch.nn.Module, task: str, seed: int) -> None:
@@ -201,10 +202,9 @@ def _hf_mrpc_features(tokenizer: Any, path: Path, seq: int) -> Any:
 
 
 def hf_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, seed: int,
-           out: Path) -> tuple[float, Any, int]:  # fmt: skip
-    """(seconds to the end of training, the trained model, its training features)."""
+           out: Path) -> tuple[Any, int]:  # fmt: skip
+    """(the trained model, its training features)."""
     transformers.logging.set_verbosity_error()  # the load report of the fresh head
-    start = time.perf_counter()
     tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
     seq = args.seq_of[task]
     if task == "squad":
@@ -226,7 +226,7 @@ def hf_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, seed: 
     trainer = transformers.Trainer(model=model, args=training, train_dataset=train,
                                    data_collator=transformers.default_data_collator)  # fmt: skip
     trainer.train()
-    return time.perf_counter() - start, model, len(train)
+    return model, len(train)
 
 
 class _HFAsTask(torch.nn.Module):
@@ -297,6 +297,14 @@ def trainer_mode(args: argparse.Namespace) -> None:
         "mrpc": (mrpc_file(tmp / "train.tsv", args.mrpc_pairs, 1),
                  mrpc_file(tmp / "dev.tsv", args.mrpc_dev_pairs, 2)),
     }  # fmt: skip
+    for task in args.tasks:
+        trainer_task(args, task, files[task], tmp)
+
+
+def trainer_task(args: argparse.Namespace, task: str, files: tuple[Path, Path], tmp: Path) -> None:
+    """One task of ``--mode trainer``: a harness round per seed (omnibert and the Trainer in
+    turn, the order alternating), each side's region its whole run; both trained models
+    evaluated after the round, untimed; the record."""
     name = {"squad": "SQuAD F1", "mrpc": "MRPC accuracy"}
     train_size = {
         "squad": f"{2 * args.squad_contexts} questions",
@@ -306,62 +314,75 @@ def trainer_mode(args: argparse.Namespace) -> None:
         "squad": f"{2 * SQUAD_DEV_CONTEXTS} questions",
         "mrpc": f"{args.mrpc_dev_pairs} pairs",
     }
-    for task in args.tasks:
-        rates: dict[str, list[float]] = {"omnibert": [], "hf": []}
-        seconds: dict[str, list[float]] = {"omnibert": [], "hf": []}
-        scores: dict[str, list[float]] = {"omnibert": [], "hf": []}
-        for round_index, seed in enumerate(args.seeds):
-            order = ["omnibert", "hf"] if round_index % 2 == 0 else ["hf", "omnibert"]
-            trained: dict[str, Any] = {}
-            prepared = None
-            for who in order:
-                out = tmp / f"{task}-{who}-{seed}"
-                if who == "omnibert":
-                    took, model, prepared = omnibert_run(task, files[task], args, seed, out)
-                    features = prepared.plan.train_features
-                else:
-                    took, hf_model, features = hf_run(task, files[task], args, seed, out)
-                    model = _HFAsTask(hf_model, task == "squad")
-                trained[who] = model
-                seconds[who].append(took)
-                rates[who].append(features * args.epochs / took)
-                print(f"{task} seed {seed} {who}: {took:.1f} s to the end of training "
-                      f"({features} features x {args.epochs} epochs)", flush=True)  # fmt: skip
-            for who, model in trained.items():  # evaluation is not timed
-                scores[who].append(metric(task, model, prepared))
-            print(f"{task} seed {seed}: {name[task]} omnibert {scores['omnibert'][-1]:.3f}, "
-                  f"hf {scores['hf'][-1]:.3f}", flush=True)  # fmt: skip
-        ratios = [o / h for o, h in zip(rates["omnibert"], rates["hf"], strict=True)]
-        med = {w: statistics.median(v) for w, v in seconds.items()}
-        metric_med = {w: statistics.median(v) for w, v in scores.items()}
-        setup = (
-            f"{task} (MiniLM-L6, seq {args.seq_of[task]}, batch {args.batch}, {args.epochs} "
-            f"epoch(s), LR {args.lr}, {len(args.seeds)} seeds, {args.threads} threads, cpu fp32, "
-            f"{train_size[task]} training / {dev_size[task]} dev examples, "
-            f"{'the same fresh head on both sides' if args.same_head else 'own fresh heads'}, "
-            f"omnibert data.padding={args.omnibert_padding}, hf padding=max_length (run_qa.py / "
-            f"run_glue.py's default); transformers {transformers.__version__})"
-        )
-        print(
-            f"{setup}: time to end of training omnibert {med['omnibert']:.1f} s, hf "
-            f"{med['hf']:.1f} s, median ratio omnibert/hf (examples/s) "
-            f"{statistics.median(ratios):.2f}x; median {name[task]} omnibert "
-            f"{metric_med['omnibert']:.3f}, hf {metric_med['hf']:.3f}",
-            flush=True,
-        )
-        benchplot.save_throughput(
-            args.results_dir,
-            f"finetune-trainer-{task}",
-            f"{task}: omnibert-finetune against the Hugging Face Trainer, end to end",
-            setup,
-            rates,
-            ratios,
-            extra={"seconds": seconds, "metric": name[task], "scores": scores},
-            unit="training examples/s",
-            peer="hf",
-            headline=metric_headline(rates, ratios, name[task], scores),
-            notes=[metric_note(args.seeds, name[task], scores)],
-        )
+    trained: dict[str, Any] = {}  # the round's models and omnibert's prepared run
+
+    def omnibert_side(turn: Turn) -> int:
+        seed = args.seeds[turn.index]
+        out = tmp / f"{task}-omnibert-{seed}"
+        trained["omnibert"], trained["prepared"] = omnibert_run(task, files, args,
+                                                                seed, out)  # fmt: skip
+        return int(trained["prepared"].plan.train_features)
+
+    def hf_side(turn: Turn) -> int:
+        seed = args.seeds[turn.index]
+        hf_model, features = hf_run(task, files, args, seed, tmp / f"{task}-hf-{seed}")
+        trained["hf"] = _HFAsTask(hf_model, task == "squad")
+        return features
+
+    def ran(region: Region) -> None:
+        print(f"{task} seed {args.seeds[region.turn.index]} {region.peer}: "
+              f"{region.seconds:.1f} s to the end of training ({region.value} features x "
+              f"{args.epochs} epochs)", flush=True)  # fmt: skip
+
+    scores: dict[str, list[float]] = {"omnibert": [], "hf": []}
+
+    def evaluate(index: int, rounds: Rounds) -> None:  # not timed
+        for who in scores:
+            scores[who].append(metric(task, trained[who], trained["prepared"]))
+        print(f"{task} seed {args.seeds[index]}: {name[task]} omnibert "
+              f"{scores['omnibert'][-1]:.3f}, hf {scores['hf'][-1]:.3f}", flush=True)  # fmt: skip
+        trained.clear()
+
+    rounds = run_rounds({"omnibert": omnibert_side, "hf": hf_side}, rounds=len(args.seeds),
+                        sync=device_sync("cpu"), after_region=ran,
+                        after_round=evaluate)  # fmt: skip
+    seconds = {who: rounds.seconds(who) for who in scores}
+    rates = {
+        who: [features * args.epochs / took
+              for features, took in zip(rounds.values(who), seconds[who], strict=True)]
+        for who in scores
+    }  # fmt: skip
+    ratios = [o / h for o, h in zip(rates["omnibert"], rates["hf"], strict=True)]
+    med = {w: statistics.median(v) for w, v in seconds.items()}
+    metric_med = {w: statistics.median(v) for w, v in scores.items()}
+    setup = (
+        f"{task} (MiniLM-L6, seq {args.seq_of[task]}, batch {args.batch}, {args.epochs} "
+        f"epoch(s), LR {args.lr}, {len(args.seeds)} seeds, {args.threads} threads, cpu fp32, "
+        f"{train_size[task]} training / {dev_size[task]} dev examples, "
+        f"{'the same fresh head on both sides' if args.same_head else 'own fresh heads'}, "
+        f"omnibert data.padding={args.omnibert_padding}, hf padding=max_length (run_qa.py / "
+        f"run_glue.py's default); transformers {transformers.__version__})"
+    )
+    print(
+        f"{setup}: time to end of training omnibert {med['omnibert']:.1f} s, hf "
+        f"{med['hf']:.1f} s, median ratio omnibert/hf (examples/s) "
+        f"{statistics.median(ratios):.2f}x; median {name[task]} omnibert "
+        f"{metric_med['omnibert']:.3f}, hf {metric_med['hf']:.3f}",
+        flush=True,
+    )
+    benchplot.save_throughput(
+        args.results_dir,
+        f"finetune-trainer-{task}",
+        f"{task}: omnibert-finetune against the Hugging Face Trainer, end to end",
+        setup,
+        rates,
+        ratios,
+        extra={"seconds": seconds, "metric": name[task], "scores": scores},
+        unit="training examples/s",
+        peer="hf",
+        headline=metric_headline(rates, ratios, name[task], scores),
+        notes=[metric_note(args.seeds, name[task], scores)],
+    )
 
 
 def main() -> None:
@@ -428,22 +449,25 @@ def main() -> None:
     hf.to(device).train()
     data = batches(args.steps, args.batch, args.seq, loaded.config.vocab_size, args.device)
     steps = {"omnibert": step_fn(ours, False, autocast), "hf": step_fn(hf, True, autocast)}
-    for step in steps.values():  # warm-up
-        step(data[0])
-    rates: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(args.rounds):
-        order = list(steps) if r % 2 == 0 else list(steps)[::-1]
-        for name in order:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for batch in data:
-                steps[name](batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            rates[name].append(args.steps * args.batch / (time.perf_counter() - start))
-        print(f"round {r}: omnibert {rates['omnibert'][-1]:.2f} seq/s, "
-              f"hf {rates['hf'][-1]:.2f} seq/s", flush=True)  # fmt: skip
+
+    def steps_of(step: Callable) -> Callable[[Turn], None]:
+        def region(turn: Turn) -> None:  # the warm-up pass: one step
+            for batch in data[:1] if turn.warmup else data:
+                step(batch)
+
+        return region
+
+    def report(index: int, rounds: Rounds) -> None:
+        print(f"round {index}: omnibert {rates_of(rounds, 'omnibert')[-1]:.2f} seq/s, "
+              f"hf {rates_of(rounds, 'hf')[-1]:.2f} seq/s", flush=True)  # fmt: skip
+
+    def rates_of(rounds: Rounds, name: str) -> list[float]:
+        return [args.steps * args.batch / s for s in rounds.seconds(name)]
+
+    rounds = run_rounds({name: steps_of(step) for name, step in steps.items()},
+                        rounds=args.rounds, warmup=1, sync=device_sync(device),
+                        after_round=report)  # fmt: skip
+    rates = {name: rates_of(rounds, name) for name in steps}
     ratios = [a / b for a, b in zip(rates["omnibert"], rates["hf"], strict=True)]
     print(
         f"MiniLM QA fine-tuning, seq {args.seq}, batch {args.batch}, {args.steps} steps x "

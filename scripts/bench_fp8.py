@@ -11,7 +11,10 @@ run's plan gives the model, the batches (taken once, fed to both), the optimiser
 LAMB at the phase's learning rate) and its warm-up schedule; the fp8 run's plan gives the
 Linear layers swapped to fp8 (``omnibert.accelerators.float8``). Both models are compiled
 alike and step in chunks taken in turns, each side with its own random-number state (the
-same dropout masks on both sides). Each step's training loss is recorded on both sides.
+same dropout masks on both sides): a chunk pair is a round of the harness (:mod:`benchharness`:
+each side's chunk timed between two device synchronisations, the order alternating), with
+no warm-up pass, since every step belongs to the curves. Each step's training loss is
+recorded on both sides.
 
 The tolerance is stated before the run (:data:`TOLERANCE`, printed first): over the last
 ``--tail`` steps (after the schedule's warm-up), fp8's mean loss within 1 % (relative) of
@@ -31,7 +34,8 @@ after every chunk pair; the record and the figure (both loss curves) go through
     python scripts/bench_fp8.py --smoke                 # tiny model, CPU, emulated fp8, seconds
 
 ``--deadline SECONDS`` (from the start): a chunk pair starts only when the last pair's time
-still fits; both sides then hold the same number of steps. The exit status is 0 when the
+still fits (the harness's ``fit_next_round``); both sides then hold the same number of steps.
+A SIGTERM leaves the JSON marked interrupted with the steps that ran. The exit status is 0 when the
 pair ran (the verdict is in the JSON and the printout), 1 when it failed to run.
 """
 
@@ -43,7 +47,6 @@ import copy
 import json
 import math
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,10 +56,10 @@ from typing import Any
 
 import benchplot
 import torch
-from bench_gpu import HISTOGRAMS, MODELS, compile_scoped, take_batches
-from bench_gpu_run import raise_recompile_limit
-from bench_gpu_run import write_json as write_json_atomic
+from bench_gpu_cases import HISTOGRAMS, MODELS
+from bench_gpu_measure import compile_scoped, raise_recompile_limit, take_batches
 from bench_gpu_sides import on_device
+from benchharness import Deadline, ResultsFile, Rounds, apply_presets, run_rounds
 
 #: fp8's mean training loss over the tail within this share of bf16's (stated before the run)
 TOLERANCE = 0.01
@@ -162,11 +165,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     benchplot.add_arguments(parser)
     args = parser.parse_args(argv)
     model = args.model or ("tiny" if args.smoke else "large")
-    presets = [SMOKE] if args.smoke else []
-    presets += [LEASE.get(model, LEASE["large"]), DEFAULTS]  # explicit flags win, then these
-    for key in {k for preset in presets for k in preset}:
-        if getattr(args, key, None) is None:
-            setattr(args, key, next(p[key] for p in presets if key in p))
+    # explicit flags win, then --smoke, then the model's lease preset, then the defaults
+    apply_presets(args, SMOKE if args.smoke else None, LEASE.get(model, LEASE["large"]), DEFAULTS)
     args.model = model
     args.text = args.text or ("generated" if args.smoke else "stdlib")
     if args.device == "auto":
@@ -290,15 +290,14 @@ class Side:
         cuda = self.plugin.device.type == "cuda"
         self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
         self.losses: list[float] = []
-        self.chunks: list[tuple[float, int, int]] = []  # seconds, real tokens, sequences
 
-    def run(self, batches: list[dict[str, torch.Tensor]]) -> float:
-        """Steps over ``batches`` with this side's random-number state; returns seconds."""
+    def run(self, batches: list[dict[str, torch.Tensor]]) -> tuple[int, int]:
+        """Steps over ``batches`` with this side's random-number state (a round's region);
+        returns the real tokens and sequences they held."""
         torch.set_rng_state(self.rng[0])
         if self.rng[1] is not None:
             torch.cuda.set_rng_state_all(self.rng[1])
-        self.plugin.synchronize()
-        start, losses = time.perf_counter(), []
+        losses = []
         for batch in batches:
             self.optimizer.zero_grad(set_to_none=True)
             with self.plugin.autocast(self.precision):
@@ -308,21 +307,22 @@ class Side:
             self.schedule.step()
             losses.append(loss.detach().float())
         self.losses += torch.stack(losses).tolist()  # one host read per chunk
-        seconds = time.perf_counter() - start
         cuda = self.rng[1] is not None
         self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
         tokens = sum(int((b["sequence_ids"] > 0).sum()) for b in batches)
         sequences = sum(int((b["nsp_weights"] > 0).sum()) for b in batches)
-        self.chunks.append((seconds, tokens, sequences))
-        return seconds
+        return tokens, sequences
 
-    def summary(self) -> dict[str, Any]:
-        timed = self.chunks[1:]  # the first chunk holds the compilation
+    def summary(self, rounds: Rounds) -> dict[str, Any]:
+        """The curve and the rates of the chunks after the first (which holds the
+        compilation), from the rounds' seconds and what each chunk held."""
+        chunks = list(zip(rounds.seconds(self.name), rounds.values(self.name), strict=True))
+        timed = chunks[1:]
         seconds = sum(c[0] for c in timed)
-        rate = lambda i: sum(c[i] for c in timed) / seconds if seconds else None  # noqa: E731
-        return {"precision": self.precision, "loss": self.losses, "real_tokens_per_sec": rate(1),
-                "sequences_per_sec": rate(2), "timed_seconds": seconds,
-                "first_chunk_seconds": self.chunks[0][0] if self.chunks else None}  # fmt: skip
+        rate = lambda i: sum(c[1][i] for c in timed) / seconds if seconds else None  # noqa: E731
+        return {"precision": self.precision, "loss": self.losses, "real_tokens_per_sec": rate(0),
+                "sequences_per_sec": rate(1), "timed_seconds": seconds,
+                "first_chunk_seconds": chunks[0][0] if chunks else None}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -333,75 +333,68 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from omnibert.models import BertForPreTraining
 
     path = Path(args.json or f"outputs/bench_fp8/bench_fp8-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    results: dict[str, Any] = {"command": {k: str(v) for k, v in vars(args).items()},
-                               "tolerance": {"rule": rule(args.tail), "relative": TOLERANCE,
-                                             "tail_steps": args.tail, "min_drop": MIN_DROP},
-                               "status": "running"}  # fmt: skip
+    file = ResultsFile(path, {"command": {k: str(v) for k, v in vars(args).items()},
+                              "tolerance": {"rule": rule(args.tail), "relative": TOLERANCE,
+                                            "tail_steps": args.tail, "min_drop": MIN_DROP},
+                              "status": "running"}, name="bench_fp8", started=started)  # fmt: skip
+    results = file.data
+    file.save()
+    with file.interruptible(), tempfile.TemporaryDirectory(prefix="bench_fp8-") as tmp:
+        root = Path(tmp)
+        (root / "lengths.json").write_text(json.dumps({"counts": [1] * args.seq}))
+        if args.text == "stdlib":
+            results["text"] = prepare_text(args, root)
+            file.save()
+        bf16_run, fp8_run = (
+            compose_side(args, root, "bf16-mixed"),
+            compose_side(args, root, "fp8"),
+        )
+        plan, device = bf16_run.plan, bf16_run.plugin.device
+        float8 = fp8_run.plan.float8
+        results |= versions(device) | {
+            "model": args.model, "seq": args.seq, "packing": args.packing,
+            "micro_batch": args.batch, "steps_planned": args.steps, "recipe": args.recipe,
+            "emulate": args.emulate, "compile_scope": args.compile_scope,
+            "optimizer": {"lr": float(bf16_run.config.optimizer["lr"]), "phase": args.phase,
+                          "warmup_steps": _warmup_steps(bf16_run.config, args.steps)},
+            "float8": {"describe": float8.describe(), "fp8_layers": float8.fp8_layers,
+                       "bf16_layers": float8.bf16_layers},
+            "kernels": {"bf16": plan.kernels, "fp8": fp8_run.plan.kernels},
+        }  # fmt: skip
+        print(f"bench_fp8: {results['device']}, BERT-{args.model} seq {args.seq} packing "
+              f"{args.packing}, micro batch {args.batch}, {args.steps} steps per side, LR "
+              f"{results['optimizer']['lr']} ({args.phase}) with "
+              f"{results['optimizer']['warmup_steps']} warm-up steps; fp8: "
+              f"{float8.describe()}", flush=True)  # fmt: skip
+        batches = take_batches(bf16_run, args.steps)  # the same batches for both sides
+        raise_recompile_limit()
+        torch.manual_seed(args.seed)
+        initial = on_device(lambda: BertForPreTraining(plan.model), device)
+        twin = copy.deepcopy(initial)  # the same initial weights
+        convert_to_float8(twin, float8)
+        sides = [Side("bf16", bf16_run, initial, args), Side("fp8", fp8_run, twin, args)]
+        file.stage = "the chunk pairs"
+        chunks = [batches[i : i + args.chunk] for i in range(0, args.steps, args.chunk)]
 
-    def save(status: str | None = None) -> None:
-        results["status"] = status or results["status"]
-        results["elapsed_seconds"] = round(time.monotonic() - started, 3)
-        write_json_atomic(path, results)
+        def after_pair(index: int, rounds: Rounds) -> None:
+            _record(results, sides, rounds, args)
+            pair = sum(r.seconds for r in rounds.regions if r.turn.index == index)
+            print(f"  step {len(sides[0].losses)}: bf16 {sides[0].losses[-1]:.4f}, fp8 "
+                  f"{sides[1].losses[-1]:.4f} ({pair:.1f} s)", flush=True)  # fmt: skip
+            file.save()
 
-    save()
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_fp8-") as tmp:
-            root = Path(tmp)
-            (root / "lengths.json").write_text(json.dumps({"counts": [1] * args.seq}))
-            if args.text == "stdlib":
-                results["text"] = prepare_text(args, root)
-                save()
-            bf16_run, fp8_run = (
-                compose_side(args, root, "bf16-mixed"),
-                compose_side(args, root, "fp8"),
-            )
-            plan, device = bf16_run.plan, bf16_run.plugin.device
-            float8 = fp8_run.plan.float8
-            results |= versions(device) | {
-                "model": args.model, "seq": args.seq, "packing": args.packing,
-                "micro_batch": args.batch, "steps_planned": args.steps, "recipe": args.recipe,
-                "emulate": args.emulate, "compile_scope": args.compile_scope,
-                "optimizer": {"lr": float(bf16_run.config.optimizer["lr"]), "phase": args.phase,
-                              "warmup_steps": _warmup_steps(bf16_run.config, args.steps)},
-                "float8": {"describe": float8.describe(), "fp8_layers": float8.fp8_layers,
-                           "bf16_layers": float8.bf16_layers},
-                "kernels": {"bf16": plan.kernels, "fp8": fp8_run.plan.kernels},
-            }  # fmt: skip
-            print(f"bench_fp8: {results['device']}, BERT-{args.model} seq {args.seq} packing "
-                  f"{args.packing}, micro batch {args.batch}, {args.steps} steps per side, LR "
-                  f"{results['optimizer']['lr']} ({args.phase}) with "
-                  f"{results['optimizer']['warmup_steps']} warm-up steps; fp8: "
-                  f"{float8.describe()}", flush=True)  # fmt: skip
-            batches = take_batches(bf16_run, args.steps)  # the same batches for both sides
-            raise_recompile_limit()
-            torch.manual_seed(args.seed)
-            initial = on_device(lambda: BertForPreTraining(plan.model), device)
-            twin = copy.deepcopy(initial)  # the same initial weights
-            convert_to_float8(twin, float8)
-            sides = [Side("bf16", bf16_run, initial, args), Side("fp8", fp8_run, twin, args)]
-            warmup, last_pair = results["optimizer"]["warmup_steps"], 0.0
-            results["stopped_by_deadline"] = False
-            for first in range(0, args.steps, args.chunk):
-                left = (
-                    None if args.deadline is None else args.deadline - (time.monotonic() - started)
-                )
-                if first and left is not None and left < last_pair:
-                    results["stopped_by_deadline"] = True
-                    print(f"bench_fp8: deadline: stopped at {first} steps per side", flush=True)
-                    break
-                chunk = batches[first : first + args.chunk]
-                last_pair = sum(side.run(chunk) for side in sides)
-                _record(results, sides, args, warmup)
-                print(f"  step {first + len(chunk)}: bf16 {sides[0].losses[-1]:.4f}, fp8 "
-                      f"{sides[1].losses[-1]:.4f} ({last_pair:.1f} s)", flush=True)  # fmt: skip
-                save()
-    except (Terminated, KeyboardInterrupt) as err:
-        save(f"interrupted ({err!r})")
-        raise SystemExit(143) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    save("done")
+        peers = {
+            side.name: (lambda turn, side=side: side.run(chunks[turn.index])) for side in sides
+        }
+        rounds = run_rounds(peers, rounds=len(chunks), sync=bf16_run.plugin.synchronize,
+                            deadline=Deadline(args.deadline, start=started),
+                            fit_next_round=True, after_round=after_pair)  # fmt: skip
+        results["stopped_by_deadline"] = rounds.cut_by_deadline
+        if rounds.cut_by_deadline:
+            print(f"bench_fp8: deadline: stopped at {len(sides[0].losses)} steps per side",
+                  flush=True)  # fmt: skip
+    results = file.data
+    file.save("done")
     verdict = results["comparison"]
     print(f"bench_fp8: {verdict['verdict']}: {verdict['reason']} ({verdict['steps']} steps, "
           f"tail {verdict['tail_steps']}); real tokens/s bf16 {_rate(results['bf16'])}, fp8 "
@@ -422,10 +415,11 @@ def _warmup_steps(config: Any, steps: int) -> int:
     return int(float(schedule.get("warmup_proportion") or 0) * steps)
 
 
-def _record(results: dict[str, Any], sides: list[Side], args: Any, warmup: int) -> None:
+def _record(results: dict[str, Any], sides: list[Side], rounds: Rounds, args: Any) -> None:
     for side in sides:
-        results[side.name] = side.summary()
+        results[side.name] = side.summary(rounds)
     results["steps_run"] = len(sides[0].losses)
+    warmup = results["optimizer"]["warmup_steps"]
     results["comparison"] = compare(sides[0].losses, sides[1].losses, warmup, args.tail)
     bf16, fp8 = (results[s]["real_tokens_per_sec"] for s in ("bf16", "fp8"))
     results["fp8_over_bf16_tokens_per_sec"] = fp8 / bf16 if bf16 and fp8 else None
@@ -453,14 +447,6 @@ def record(args: argparse.Namespace, results: dict[str, Any]) -> Any:
                                 ["side", "tail mean loss", "real tokens/s", "steps"], rows)],
         measurements=results,
     )  # fmt: skip
-
-
-class Terminated(BaseException):
-    """SIGTERM (a timeout): the JSON keeps what ran, then the run ends."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from benchharness import Turn, timed_region
 
 #: kernel or operator names -> where a step's time goes (the first match wins)
 PROFILE_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -28,8 +29,9 @@ PROFILE_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def profile_pass(run: Callable[[], float], plugin: Any, top: int = 10) -> dict[str, Any]:
-    """One more pass of a side's steps under ``torch.profiler``: where its time goes.
+def profile_pass(run: Callable[[Turn], object], plugin: Any, top: int = 10) -> dict[str, Any]:
+    """One more pass of a side's steps under ``torch.profiler``, timed as a round's region
+    (between the plugin's synchronisations): where its time goes.
 
     On CUDA it counts the kernels' device time; elsewhere the operators' own host time.
     ``busy`` is that time over the pass's wall time: well under 1 on a GPU means the device
@@ -42,7 +44,7 @@ def profile_pass(run: Callable[[], float], plugin: Any, top: int = 10) -> dict[s
     with profile(activities=activities):  # the profiler's own start-up, outside the pass
         torch.ones(1, device=plugin.device).add_(1)
     with profile(activities=activities) as prof:
-        wall = run()
+        wall = timed_region("profile", run, Turn(0), plugin.synchronize).seconds
     times: dict[str, tuple[float, int]] = {}
     for event in prof.key_averages():
         if event.device_type != (DeviceType.CUDA if cuda else DeviceType.CPU):

@@ -4,8 +4,8 @@
   in the order they were packed, re-batched into rows of the peer's micro batch. Hugging Face
   has no packed attention, so it reads exactly the sequences omnibert's packed rows hold (less
   the remainder, under one micro batch, that its fixed batch shape cannot take). The old way
-  (the first rows of an unpacked stream) drew other sequences: 261 real tokens a sequence on
-  the peer's side against 242 on ours in the H100 lease.
+  (the first rows of an unpacked stream) drew other sequences, of another mean length
+  (docs/accelerators/gpu.md, the H100 lease read again).
 * :func:`hf_bert_inputs` / :func:`hf_modern_inputs`: those rows as the peer's inputs.
 * :func:`hf_bert` / :func:`hf_modernbert`: the peer with omnibert's initial weights.
 * :func:`work`: what a side executes for the same sequences: the token rows its encoder runs,
@@ -196,8 +196,7 @@ def hf_bert(model: nn.Module) -> nn.Module:
     import transformers
 
     config = model.config  # type: ignore[attr-defined]
-    hf_config = transformers.BertConfig(**config.to_hf_dict())
-    hf_config._attn_implementation = "sdpa"
+    hf_config = transformers.BertConfig(**config.to_hf_dict(), attn_implementation="sdpa")
     device = next(model.parameters()).device
     theirs = on_device(lambda: transformers.BertForPreTraining(hf_config), device)
     vocab = config.vocab_size
@@ -220,8 +219,9 @@ def hf_modernbert(model: nn.Module) -> nn.Module:
     fields = modernbert_export_dict(config, None)
     fields.pop("architectures", None)
     fields.pop("model_type", None)
-    hf_config = transformers.ModernBertConfig(**fields, sparse_prediction=True)
-    hf_config._attn_implementation = "sdpa"
+    hf_config = transformers.ModernBertConfig(
+        **fields, sparse_prediction=True, attn_implementation="sdpa"
+    )
     device = next(model.parameters()).device
     theirs = on_device(lambda: transformers.ModernBertForMaskedLM(hf_config), device)
     tensors = modernbert_tensors(model.state_dict(), config)

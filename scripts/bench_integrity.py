@@ -8,8 +8,10 @@
    ``vocab_size`` (every id, segment, position and label range-checked) against the same
    collator without it, on the same rows.
 
-Writes ``integrity.json`` and ``integrity.svg`` (seconds per GiB and milliseconds per batch, each
-check beside its peer) to ``--results-dir``.
+Each check and its peer are the two peers of the harness's rounds (:mod:`benchharness`: their
+order alternates; the best round of each is kept; the file is dropped from the cache before
+each region of the cold round). Writes ``integrity.json`` and ``integrity.svg`` (seconds per
+GiB and milliseconds per batch, each check beside its peer) to ``--results-dir``.
 
     python scripts/bench_integrity.py --mib 1024 --rows 256 --seq 128 --repeat 30
 """
@@ -19,11 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import benchplot
 import numpy as np
+from benchharness import run_rounds
 
 
 def _read_only(path: Path, chunk: int = 8 << 20) -> int:
@@ -43,13 +47,12 @@ def _drop_cache(path: Path) -> bool:
     return True
 
 
-def _best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def _best(peers: dict[str, Callable[[], Any]], repeat: int, **hooks: Any) -> dict[str, float]:
+    """The best round of each of ``peers`` over ``repeat`` harness rounds (a CPU: no
+    device to synchronise)."""
+    rounds = run_rounds({name: (lambda turn, fn=fn: fn()) for name, fn in peers.items()},
+                        rounds=repeat, sync=None, **hooks)  # fmt: skip
+    return {name: min(rounds.seconds(name)) for name in peers}
 
 
 def bench_checksum(mib: int, repeat: int) -> dict[str, float]:
@@ -62,20 +65,16 @@ def bench_checksum(mib: int, repeat: int) -> dict[str, float]:
             for _ in range(mib):
                 handle.write(rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
         gib = mib / 1024
-        read = _best(lambda: _read_only(path), repeat)
-        crc = _best(lambda: crc32c_file(path), repeat)
+        best = _best({"read": lambda: _read_only(path), "crc": lambda: crc32c_file(path)}, repeat)
+        read, crc = best["read"], best["crc"]
         out = {"read_s_per_gib": read / gib, "crc_s_per_gib": crc / gib}
         print(f"page cache, {mib} MiB: read {read:.3f} s ({gib / read:.2f} GiB/s), CRC-32C "
               f"{crc:.3f} s ({gib / crc:.2f} GiB/s), CRC/read {crc / read:.2f}x, "
               f"{crc / gib:.3f} s per GiB")  # fmt: skip
         if _drop_cache(path):
-            start = time.perf_counter()
-            _read_only(path)
-            cold_read = time.perf_counter() - start
-            _drop_cache(path)
-            start = time.perf_counter()
-            crc32c_file(path)
-            cold_crc = time.perf_counter() - start
+            cold = _best({"read": lambda: _read_only(path), "crc": lambda: crc32c_file(path)},
+                         1, before_region=lambda name, turn: _drop_cache(path))  # fmt: skip
+            cold_read, cold_crc = cold["read"], cold["crc"]
             print(f"dropped from the cache: read {cold_read:.3f} s, CRC-32C {cold_crc:.3f} s "
                   f"({cold_crc / gib:.3f} s per GiB), CRC/read {cold_crc / cold_read:.2f}x")  # fmt: skip
             out.update(cold_read_s_per_gib=cold_read / gib, cold_crc_s_per_gib=cold_crc / gib)
@@ -110,9 +109,9 @@ def bench_collate(rows: int, seq: int, repeat: int) -> dict[str, float]:
     checked = PretrainingCollator(seq, preds, vocab_size=30522)
     for collator in (plain, checked):  # warm up
         collator(batch)
-    # interleaved, best of each: the machine's noise hits both alike
-    a = _best(lambda: plain(batch), repeat)
-    b = _best(lambda: checked(batch), repeat)
+    # alternating rounds, best of each: the machine's noise hits both alike
+    best = _best({"plain": lambda: plain(batch), "checked": lambda: checked(batch)}, repeat)
+    a, b = best["plain"], best["checked"]
     print(f"collate {rows} rows x {seq} tokens: without the id range checks {a * 1e3:.3f} ms, "
           f"with them {b * 1e3:.3f} ms, ratio {b / a:.3f}x")  # fmt: skip
     return {"collate_ms": a * 1e3, "collate_checked_ms": b * 1e3}

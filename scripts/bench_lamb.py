@@ -17,7 +17,10 @@ known before the moments; the moments read g, p, m, v and write m, v (24); the t
 needs whole-tensor norms of the update, so the update is applied in a second pass that reads
 m, v (or a stored update written and read: the same 8) and reads and writes p (8). The
 multi-tensor Triton kernel moves exactly that; apex's accounting with a separate norm pass
-(52 B) is printed too. Every timed region starts and ends with a device synchronisation.
+(52 B) is printed too. The rounds are the harness's (:mod:`benchharness`): each
+implementation's ``--steps`` steps timed between two device synchronisations, the order
+rotating each round; the first step (state allocation, compilation) is the warm-up pass,
+reported, not counted.
 
     python scripts/bench_lamb.py                       # CPU, all threads
     python scripts/bench_lamb.py --threads 1 --rounds 5
@@ -25,24 +28,23 @@ multi-tensor Triton kernel moves exactly that; apex's accounting with a separate
     python scripts/bench_lamb.py --device cuda --model large
     python scripts/bench_lamb.py --lease               # the same, 3 rounds x 5 steps: ~30 s
     python scripts/bench_lamb.py --smoke               # CPU, tiny set, seconds (no compile)
+    python scripts/bench_lamb.py --ranks 1 2 4         # per rank: unsharded vs ZeRO-1, N ranks
 
 An implementation that fails (the Triton kernel not compiling, torch-optimizer not installed:
 the ``bench`` extra) is recorded with its error, printed, and left out; the others run. The
 results (``--json``, default ``outputs/bench_lamb/bench_lamb-<time>.json``) are rewritten
 atomically after every stage (bandwidth, each first step, each round), so a timeout keeps what
-ran; the record (``lamb.json``/``lamb.svg`` in ``--results-dir``) is written at the end.
+ran (a SIGTERM marks them interrupted); the record (``lamb.json``/``lamb.svg`` in ``--results-dir``) is written at the end.
 ``--model tiny`` (2 layers of 64: 2M parameters, mostly the embedding) is for tests.
 Parameters and gradients are drawn on the device (BERT-large's on the host take seconds).
-Time on a GPU: BERT-large's LAMB floor is ~5 ms per step on an H100 (44 B x 335M at ~3 TB/s),
-torch-optimizer's per-tensor loop some tens of ms: the run is seconds after the imports and
-the Triton compile. Goal on a GPU: the Triton kernel within 1.3x of the floor.
+On a GPU the run takes seconds after the imports and the Triton compile (the measured steps
+are in docs/lamb.md's records). Goal on a GPU: the Triton kernel within 1.3x of the floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 import traceback
@@ -52,6 +54,7 @@ from typing import Any
 
 import benchplot
 import torch
+from benchharness import Region, ResultsFile, Rounds, Turn, apply_presets, device_sync, run_rounds
 
 from omnibert.optim import Lamb
 
@@ -63,6 +66,8 @@ PEER = "torch-optimizer"
 LEASE = {"device": "cuda", "model": "large", "rounds": 3, "steps": 5}
 #: ``--smoke``: seconds on the CPU
 SMOKE = {"device": "cpu", "model": "tiny", "rounds": 2, "steps": 2}
+#: what no flag and no preset sets
+DEFAULTS = {"device": "cpu", "model": "base", "rounds": 3, "steps": 3}
 
 
 def bert_shapes(model: str = "base", vocab: int = 30528) -> list[tuple[int, ...]]:
@@ -74,12 +79,6 @@ def bert_shapes(model: str = "base", vocab: int = 30528) -> list[tuple[int, ...]
         shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,)]
     shapes += [(h, h), (h,), (h, h), (h,), (h,), (h,), (vocab,), (2, h), (2,)]
     return shapes
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work (timings must not stop before the kernels do)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def copy_bandwidth(device: torch.device, numel: int = 1 << 28, repeats: int = 20) -> float:
@@ -157,14 +156,6 @@ def failure(name: str, when: str, err: BaseException) -> str:
     return f"{when}: {message}"
 
 
-def write_json(path: Path, results: dict[str, Any]) -> None:
-    """``results`` to ``path`` atomically: a temporary file beside it, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def summarise(
     times: dict[str, list[float]], bandwidth: float, numel: int
 ) -> tuple[float, float, dict[str, dict[str, Any]]]:
@@ -207,16 +198,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="results, rewritten after every stage (module docstring)")  # fmt: skip
     ap.add_argument("--bandwidth-from", default=None, metavar="PROBE_JSON",
                     help="the floor at this gpu_probe.py JSON's copy bandwidth")  # fmt: skip
+    ap.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
+                    help="per data-parallel rank at each N: unsharded against ZeRO-1 "
+                    "(scripts/bench_lamb_ranks.py; --impls: its one LAMB impl)")  # fmt: skip
     benchplot.add_arguments(ap)
     args = ap.parse_args(argv)
-    presets = [
-        SMOKE if args.smoke else {},
-        LEASE if args.lease else {},
-        {"device": "cpu", "model": "base", "rounds": 3, "steps": 3},
-    ]
-    for key in presets[-1]:  # explicit flags, then --smoke, then --lease, then the defaults
-        if getattr(args, key) is None:
-            setattr(args, key, next(p[key] for p in presets if key in p))
+    # explicit flags, then --smoke, then --lease, then the defaults
+    apply_presets(args, SMOKE if args.smoke else None, LEASE if args.lease else None, DEFAULTS)
+    if args.ranks:  # the per-rank mode lives in its own module
+        import bench_lamb_ranks
+
+        return bench_lamb_ranks.run(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -230,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     copy_numel = 8_000_000 if args.smoke else (1 << 28 if device.type == "cuda" else 64_000_000)
     given = probe_bandwidth(args.bandwidth_from) if args.bandwidth_from else None
     path = Path(args.json or f"outputs/bench_lamb/bench_lamb-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    results: dict[str, Any] = {
+    file = ResultsFile(path, {
         "status": "running",
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -245,8 +237,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "errors": {},
         "first_step_seconds": {},
         "ms_per_step": {},
-    }
-    write_json(path, results)
+    }, name="bench_lamb")  # fmt: skip
+    with file.interruptible():
+        file.save()
+        return run(args, device, impls, copy_numel, given, file)
+
+
+def run(
+    args: argparse.Namespace,
+    device: torch.device,
+    impls: list[str],
+    copy_numel: int,
+    given: float | None,
+    file: ResultsFile,
+) -> dict[str, Any]:
+    """The parameters, the bandwidth, each implementation's first step, the rounds, then the
+    printed table and the record."""
+    results, path = file.data, file.path
     # parameters and gradients made on the device (BERT-large's on the host take seconds)
     gen = torch.Generator(device=device).manual_seed(0)
     params = []
@@ -269,46 +276,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else f"measured here ({how} of {copy_numel * 4 / 2**30:.2f} GiB, best of the rounds)"
     )
     results["floor_bandwidth_source"] = source
-    write_json(path, results)
+    file.save()
 
     errors: dict[str, str] = results["errors"]
     steppers = make_steppers(params, impls, errors)
-    for name, step in list(steppers.items()):  # first step: state allocation, compilation
-        try:
-            sync(device)
-            t = time.perf_counter()
-            step()
-            sync(device)
-        except Exception as err:  # recorded: e.g. the Triton kernel failing to compile
-            errors[name] = failure(name, "in its first step", err)
-            del steppers[name]
-        else:
-            first = time.perf_counter() - t
-            results["first_step_seconds"][name] = first
-            print(f"  first step {name:16s} {first:8.2f} s (allocation/compilation)", flush=True)
-        write_json(path, results)
     times: dict[str, list[float]] = results["ms_per_step"]
-    times.update({name: [] for name in steppers})
-    for r in range(args.rounds):
-        bandwidths.append(copy_bandwidth(device, numel=copy_numel))  # between rounds, best kept
-        order = list(steppers)
-        turn = r % len(order) if order else 0  # the order rotates each round
-        for name in order[turn:] + order[:turn]:
-            try:
-                sync(device)
-                t = time.perf_counter()
-                for _ in range(args.steps):
-                    steppers[name]()
-                sync(device)
-            except Exception as err:  # recorded; its rounds so far are kept
-                errors[name] = failure(name, f"in round {r + 1}", err)
-                del steppers[name]
-                continue
-            times[name].append((time.perf_counter() - t) / args.steps * 1e3)
-        bandwidth = given or max(bandwidths)
-        floor_ms, apex_ms, summary = summarise(times, bandwidth, numel)
-        results.update(copy_bandwidth_bytes_per_s=bandwidth, floor_ms=floor_ms, summary=summary)
-        write_json(path, results)
+
+    def steps(step: Callable[[], None]) -> Callable[[Turn], None]:
+        def region(turn: Turn) -> None:  # the first step alone, then --steps a round
+            for _ in range(1 if turn.warmup else args.steps):
+                step()
+
+        return region
+
+    def first_step(region: Region) -> None:  # allocation, compilation
+        if region.turn.warmup:
+            results["first_step_seconds"][region.peer] = region.seconds
+            print(f"  first step {region.peer:16s} {region.seconds:8.2f} s (allocation/"
+                  "compilation)", flush=True)  # fmt: skip
+            file.save()
+
+    def failed(name: str, turn: Turn, err: Exception) -> str:  # recorded; the others go on
+        when = "in its first step" if turn.warmup else f"in round {turn.index + 1}"
+        errors[name] = failure(name, when, err)
+        file.save()
+        return errors[name]
+
+    def between_rounds(index: int) -> None:  # the bandwidth between rounds, the best kept
+        bandwidths.append(copy_bandwidth(device, numel=copy_numel))
+
+    def after_round(index: int, rounds: Rounds) -> None:
+        ran = [n for n in steppers if rounds.seconds(n) or n not in rounds.errors]
+        times.update({n: [s / args.steps * 1e3 for s in rounds.seconds(n)] for n in ran})
+        floor_ms, _, summary = summarise(times, given or max(bandwidths), numel)
+        results.update(copy_bandwidth_bytes_per_s=given or max(bandwidths), floor_ms=floor_ms,
+                       summary=summary)  # fmt: skip
+        file.save()
+
+    run_rounds({name: steps(step) for name, step in steppers.items()},
+                        rounds=args.rounds, warmup=1, sync=device_sync(device),
+                        before_round=between_rounds, after_round=after_round,
+                        after_region=first_step, on_error=failed)  # fmt: skip
     bandwidth = given or max(bandwidths)
     floor_ms, apex_ms, summary = summarise(times, bandwidth, numel)
     spread = ", ".join(f"{b / 1e9:.1f}" for b in bandwidths)
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results.update(
         status="done", copy_bandwidth_bytes_per_s=bandwidth, floor_ms=floor_ms, summary=summary
     )
-    write_json(path, results)
+    file.save()
     print(f"\nresults in {path}", flush=True)
     save_results(args, device, numel, bandwidth, floor_ms, times, errors, rows, source)
     return results

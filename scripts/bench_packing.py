@@ -2,7 +2,9 @@
 
 Prints, per algorithm: efficiency (real tokens / pack tokens), speed-up (sequences / packs),
 the median runtime over `--repeats` runs after one warm-up (the warm-up loads or compiles
-the numba solver; its time is printed too), the figures Krell et al. publish for the same
+the numba solver; its time is printed too; the algorithms are the peers of the harness's
+rounds, :mod:`benchharness`, their order rotating; the runtime is the solver's own
+``runtime_s``; NNLSHP at depth 4 runs once, its one call both), the figures Krell et al. publish for the same
 histogram (arXiv 2107.02027; graphcore/examples packedBERT README, stored in the fixture's
 ``published_results_on_this_histogram``) and the ratio published runtime / ours.
 Published runtimes were measured on another machine; the peer measured here, in the same
@@ -24,6 +26,7 @@ from typing import Any
 
 import benchplot
 import numpy as np
+from benchharness import Rounds, run_rounds
 
 from omnibert.packing import PackPlan, pack_histogram, pack_lengths
 from omnibert.packing.nnlshp import SHORT_LENGTH, SHORT_LENGTH_WEIGHT, exact_fill_strategies
@@ -44,15 +47,28 @@ RUNS: list[tuple[str, str, int, dict[str, Any], str | None]] = [
 DEPTH4 = ("NNLSHP depth 4", "nnlshp", 4, {"depth": 4}, None)
 
 
-def timed(run: tuple[str, str, int, dict[str, Any], str | None], counts: Any, repeats: int):
-    _, algorithm, limit, options, _ = run
-    start = time.perf_counter()
-    plan = pack_histogram(counts, 512, limit, algorithm, **options)
-    first = time.perf_counter() - start
-    times = [plan.runtime_s]
-    for _ in range(repeats - 1):
-        times.append(pack_histogram(counts, 512, limit, algorithm, **options).runtime_s)
-    return plan, first, statistics.median(times)
+def timed(
+    runs: list[tuple[str, str, int, dict[str, Any], str | None]], counts: Any, repeats: int
+) -> Rounds:
+    """Each run's ``pack_histogram`` in the harness's rounds: one warm-up pass (numba's
+    load or compile), then ``repeats`` rounds, the algorithms' order rotating; ``repeats``
+    0: one call each, timed as a round. Each region returns its plan."""
+
+    def packer(run: tuple[str, str, int, dict[str, Any], str | None]) -> Any:
+        _, algorithm, limit, options, _ = run
+        return lambda turn: pack_histogram(counts, 512, limit, algorithm, **options)
+
+    return run_rounds({run[0]: packer(run) for run in runs}, rounds=max(repeats, 1),
+                      warmup=1 if repeats else 0, sync=None)  # fmt: skip
+
+
+def plan_times(rounds: Rounds, label: str) -> tuple[PackPlan, float, float]:
+    """A run's plan, its first call's seconds (warm-up, or the one call) and the median
+    solver runtime over the rounds."""
+    first = next((w for w in rounds.warmups if w.peer == label), None)
+    plans = rounds.values(label)
+    first_seconds = first.seconds if first is not None else rounds.seconds(label)[0]
+    return plans[-1], first_seconds, statistics.median(p.runtime_s for p in plans)
 
 
 def scipy_nnls_seconds(counts: Any) -> float | None:
@@ -130,13 +146,16 @@ def main() -> None:
         f"{'algorithm':28s} {'max':>4s} {'eff':>9s} {'pub eff':>9s} {'speedup':>8s} "
         f"{'pub spd':>8s} {'time s':>9s} {'pub s':>8s} {'pub/us':>7s} {'1st s':>8s}"
     )
-    runs = RUNS + ([] if args.no_depth4 else [DEPTH4])
+    rounds = timed(RUNS, counts, args.repeats)
     results = []
-    for run in runs:
-        repeats = 1 if run is DEPTH4 else args.repeats
-        plan, first, median = timed(run, counts, repeats)
+    for run in RUNS:
+        plan, first, median = plan_times(rounds, run[0])
         plan.check(counts)
         results.append(row(run[0], plan, first, median, published, run[4]))
+    if not args.no_depth4:  # slow: one call
+        plan, first, median = plan_times(timed([DEPTH4], counts, 0), DEPTH4[0])
+        plan.check(counts)
+        results.append(row(DEPTH4[0], plan, first, median, published, DEPTH4[4]))
     print("time s: median pack_histogram runtime_s after a warm-up; 1st s: first call, which")
     print("loads (or, on a fresh checkout, compiles) the numba NNLS solver.")
 
@@ -146,7 +165,7 @@ def main() -> None:
         if seconds is None:
             print("scipy not installed: no same-machine NNLS peer")
         else:
-            ours = timed(RUNS[2], counts, args.repeats)[2]
+            ours = plan_times(rounds, RUNS[2][0])[2]
             peer = {"scipy_nnls_s": seconds, "omnibert_nnlshp_s": ours}
             print(
                 f"peer, same run: scipy.optimize.nnls alone takes {seconds:.2f} s on the depth-3 "

@@ -3,8 +3,9 @@
 Same model, weights, precision, optimiser (AdamW), threads and row shape ``[batch, S]`` on
 both sides; only the rows differ: unpacked rows hold one sequence each, packed rows the
 sequences that ``data.packing=online`` puts together (NNLSHP, K=3, windows of
-``--buffer`` sequences). Batches are collated before timing. Within a round the two
-alternate step by step (packed first on odd rounds); warm-up steps are not timed. Prints
+``--buffer`` sequences). Batches are collated before timing. The rounds are the harness's
+(:mod:`benchharness`): a round is each side's ``--steps`` steps in turn, the order
+alternating; the ``--warmup`` steps are a warm-up pass, not timed. Prints
 each side's real tokens/s per round, then the ratio over all rounds (real tokens / seconds,
 the estimator that matters: a round holds few unpacked sequences, so its own ratio swings
 with their lengths), the median per-round ratio and the slots (B·S) per second of each side
@@ -24,13 +25,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import benchplot
 import torch
+from benchharness import Turn, device_sync, run_rounds
 
 from omnibert.accelerators.cpu_bf16 import bench_precision
 from omnibert.models import BertConfig, BertForPreTraining
@@ -125,20 +126,23 @@ def main() -> None:
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-5) for k, m in models.items()}
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
-    def step(name: str, i: int) -> tuple[float, int, int]:
-        batch = data[name][0][i]
-        start = time.perf_counter()
-        with autocast:
-            loss = models[name](batch)["loss"]
-        loss.backward()
-        optimizers[name].step()
-        optimizers[name].zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - start
-        return seconds, int((batch["sequence_ids"] > 0).sum()), int(batch["nsp_weights"].sum())
+    def steps(name: str) -> Any:
+        def region(turn: Turn) -> tuple[int, int]:
+            """The pass's steps (the warm-up's first, then each round's own batches); the
+            real tokens and sequences they held."""
+            first = 0 if turn.warmup else args.warmup + turn.index * args.steps
+            held = data[name][0][first : first + (args.warmup if turn.warmup else args.steps)]
+            for batch in held:
+                with autocast:
+                    loss = models[name](batch)["loss"]
+                loss.backward()
+                optimizers[name].step()
+                optimizers[name].zero_grad(set_to_none=True)
+            real = sum(int((b["sequence_ids"] > 0).sum()) for b in held)
+            return real, sum(int(b["nsp_weights"].sum()) for b in held)
 
-    for i in range(args.warmup):
-        for name in models:
-            step(name, i)
+        return region
+
     fill = {
         name: sum(int((b["sequence_ids"] > 0).sum()) for b in data[name][0])
         / (len(data[name][0]) * args.batch * args.seq)
@@ -149,29 +153,19 @@ def main() -> None:
         f"{args.threads} threads; rows filled: unpacked {fill['none']:.3f}, packed "
         f"{fill['online']:.3f} ({args.algorithm}, K=3, buffer {args.buffer})"
     )
-    rates: dict[str, list[float]] = {name: [] for name in models}
-    sequences: dict[str, int] = {name: 0 for name in models}
-    totals = {name: [0.0, 0] for name in models}  # seconds, real tokens
-    for r in range(args.rounds):
-        order = ["online", "none"] if r % 2 else ["none", "online"]
-        seconds = dict.fromkeys(models, 0.0)
-        tokens = dict.fromkeys(models, 0)
-        for s in range(args.steps):
-            index = args.warmup + r * args.steps + s
-            for name in order:
-                dt, real, seqs = step(name, index)
-                seconds[name] += dt
-                tokens[name] += real
-                sequences[name] += seqs
-                totals[name][0] += dt
-                totals[name][1] += real
-        for name in models:
-            rates[name].append(tokens[name] / seconds[name])
-        ratio = rates["online"][-1] / rates["none"][-1]
-        print(
-            f"round {r}: unpacked {rates['none'][-1]:8.1f}  packed {rates['online'][-1]:8.1f}"
-            f" real tokens/s  ratio {ratio:.2f}x"
-        )
+    rounds = run_rounds({name: steps(name) for name in models}, rounds=args.rounds,
+                        warmup=1 if args.warmup else 0, sync=device_sync("cpu"))  # fmt: skip
+    rates = {
+        name: [real / seconds for (real, _), seconds in
+               zip(rounds.values(name), rounds.seconds(name), strict=True)]
+        for name in models
+    }  # fmt: skip
+    sequences = {name: sum(seqs for _, seqs in rounds.values(name)) for name in models}
+    totals = {name: (sum(rounds.seconds(name)), sum(r for r, _ in rounds.values(name)))
+              for name in models}  # fmt: skip
+    for r in range(rounds.rounds):
+        print(f"round {r}: unpacked {rates['none'][r]:8.1f}  packed {rates['online'][r]:8.1f}"
+              f" real tokens/s  ratio {rates['online'][r] / rates['none'][r]:.2f}x")  # fmt: skip
     ratios = [p / u for p, u in zip(rates["online"], rates["none"], strict=True)]
     overall = {name: totals[name][1] / totals[name][0] for name in models}
     steps = args.rounds * args.steps

@@ -2,9 +2,10 @@
 
     python scripts/bench_prepare.py --reference-dir /path/to/google-research/bert
 
-Builds the embedded corpus (stdlib docstrings, 2 train files), then alternates runs of
-omnibert's pipeline (``num_workers`` processes, end to end: read, tokenize, instances, Arrow
-shards) and of the reference's ``create_training_instances`` run in this process on each file
+Builds the embedded corpus (stdlib docstrings, 2 train files), then times in the harness's
+alternating rounds (:mod:`benchharness`; ``--repeats`` rounds) runs of omnibert's pipeline
+(``num_workers`` processes, end to end: read, tokenize, instances, Arrow shards) and of the
+reference's ``create_training_instances`` run in this process on each file
 (as MLPerf runs it per part file), checks that both give identical instances, and prints
 instances/s, tokens/s, the ratio and peak memory.  Without ``--reference-dir`` only omnibert
 is timed.
@@ -19,11 +20,11 @@ import resource
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import benchplot
 import datasets
+from benchharness import Region, Rounds, Turn, run_rounds
 
 from omnibert.prepare.corpus import build_embedded_corpus
 from omnibert.prepare.instances import InstanceSettings
@@ -39,19 +40,19 @@ def default_vocab() -> Path:
 
 
 def run_ours(files: list[Path], vocab: Path, settings: InstanceSettings, workers: int, out: Path):
+    """omnibert's pipeline into ``out`` (emptied first): its instances and tokens."""
     if out.exists():
         shutil.rmtree(out)
-    start = time.perf_counter()
     summary = prepare(
         [str(f) for f in files], vocab, out, settings, num_workers=workers, progress=False
     )
-    return time.perf_counter() - start, summary.instances, summary.tokens
+    return summary.instances, summary.tokens
 
 
 def run_reference(reference_dir: str, files: list[Path], vocab: Path, settings: InstanceSettings):
+    """The reference's instances, file after file (as MLPerf runs it per part file)."""
     from reference_runner import reference_instances
 
-    start = time.perf_counter()
     rows = []
     for f in files:
         rows.append(
@@ -68,8 +69,7 @@ def run_reference(reference_dir: str, files: list[Path], vocab: Path, settings: 
                 do_whole_word_mask=settings.do_whole_word_mask,
             )
         )
-    seconds = time.perf_counter() - start
-    return seconds, rows
+    return rows
 
 
 def main() -> None:
@@ -97,28 +97,45 @@ def main() -> None:
     size_mb = sum(f.stat().st_size for f in files) / 1e6
     print(f"corpus: {len(files)} files, {size_mb:.2f} MB; vocab {vocab}; {settings}")
 
-    ours_times: list[float] = []
-    ref_times: list[float] = []
     checked = False
-    instances = tokens = 0
-    for repeat in range(args.repeats):
-        seconds, instances, tokens = run_ours(files, vocab, settings, args.workers, work / "out")
-        ours_times.append(seconds)
-        print(f"[{repeat}] omnibert ({args.workers} workers): {seconds:.2f} s")
-        if args.reference_dir:
-            gc.collect()
-            seconds, rows = run_reference(args.reference_dir, files, vocab, settings)
-            ref_times.append(seconds)
-            print(f"[{repeat}] reference (1 process):     {seconds:.2f} s")
-            if not checked:
-                ours = datasets.load_from_disk(str(work / "out")).to_list()
-                expected = [row for file_rows in rows for row in file_rows]
-                if ours != expected:
-                    raise SystemExit("MISMATCH: omnibert's instances differ from the reference's")
-                checked = True
-                print(f"identical output: {len(expected):,} instances")
-            del rows
 
+    def ours(turn: Turn) -> tuple[int, int]:
+        return run_ours(files, vocab, settings, args.workers, work / "out")
+
+    kept: dict[str, list] = {}  # the reference's rows until the check after the first round
+
+    def reference(turn: Turn) -> None:
+        rows = run_reference(args.reference_dir, files, vocab, settings)
+        if not checked:
+            kept["rows"] = rows
+
+    def ran(region: Region) -> None:
+        who = "reference (1 process):    " if region.peer == "reference" else (
+            f"omnibert ({args.workers} workers):")  # fmt: skip
+        print(f"[{region.turn.index}] {who} {region.seconds:.2f} s")
+
+    def check(index: int, rounds: Rounds) -> None:
+        nonlocal checked
+        if checked or "reference" not in rounds.peers:
+            return
+        ours = datasets.load_from_disk(str(work / "out")).to_list()
+        expected = [row for file_rows in kept.pop("rows") for row in file_rows]
+        if ours != expected:
+            raise SystemExit("MISMATCH: omnibert's instances differ from the reference's")
+        checked = True
+        print(f"identical output: {len(expected):,} instances")
+
+    peers = {"omnibert": ours, **({"reference": reference} if args.reference_dir else {})}
+    rounds = run_rounds(
+        peers,
+        rounds=args.repeats,
+        sync=None,
+        before_region=lambda name, turn: gc.collect(),
+        after_region=ran,
+        after_round=check,
+    )
+    ours_times, ref_times = rounds.seconds("omnibert"), rounds.seconds("reference")
+    instances, tokens = rounds.values("omnibert")[-1]
     best = min(ours_times)
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     report = {

@@ -3,10 +3,12 @@
 Both models train (forward + backward + ``torch.optim.AdamW`` step) on the same pre-generated,
 unpacked batches of the data contract (HF gets the same tokens with ``labels`` = -100 except at
 the masked positions), with the same initial weights, precision, torch threads and AdamW.
-Within a round the two models' steps interleave (A B A B ...; B first on odd rounds), so drift
-in machine load hits both alike; warm-up steps are not timed. Prints each model's tokens/s
-(real, non-padding tokens) per round, the medians and the median of the per-round ratios,
-and the same per CPU-second of the process (a check when other work shares the machine).
+The rounds are the harness's (:mod:`benchharness`): a round is each model's ``--steps`` steps
+in turn, the order alternating, so drift in machine load hits both alike; the ``--warmup``
+steps of each are a warm-up pass, not timed. Prints each model's tokens/s (real, non-padding
+tokens) per round, the medians and the median of the per-round ratios, and the same per
+CPU-second of the process over the same regions (a check when other work shares the
+machine).
 
     python scripts/bench_pretrain.py                              # BERT-base, seq 128, 20 masks
     python scripts/bench_pretrain.py --model tiny --rounds 3      # quick smoke run
@@ -20,12 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import time
 from collections.abc import Callable
 
 import benchplot
 import torch
 import transformers
+from benchharness import Region, Rounds, Turn, device_sync, run_rounds
 
 from omnibert.accelerators.cpu_bf16 import bench_precision
 from omnibert.models import BertConfig, BertForPreTraining
@@ -108,8 +110,7 @@ def hf_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def build_models(config: BertConfig) -> tuple[BertForPreTraining, transformers.BertForPreTraining]:
     ours = BertForPreTraining(config)
-    hf_config = transformers.BertConfig(**config.to_hf_dict())
-    hf_config._attn_implementation = "sdpa"
+    hf_config = transformers.BertConfig(**config.to_hf_dict(), attn_implementation="sdpa")
     theirs = transformers.BertForPreTraining(hf_config)
     vocab = config.vocab_size  # HF keeps the real vocab; copy the same initial weights over
     state = {
@@ -201,31 +202,40 @@ def main() -> None:
         f"{args.precision} AdamW {args.adamw} threads {torch.get_num_threads()} torch {torch.__version__} "
         f"transformers {transformers.__version__}; {tokens} real tokens per round of {args.steps} steps"
     )
-    for name, step in steps.items():
-        losses = [step(i % args.steps) for i in range(args.warmup)]
-        print(f"warm-up {name}: losses {', '.join(f'{x:.3f}' for x in losses)}")
+
+    def steps_of(step: Callable[[int], float]) -> Callable[[Turn], list[float]]:
+        def region(turn: Turn) -> list[float]:  # the warm-up pass: --warmup steps
+            return [step(i % args.steps) for i in range(args.warmup if turn.warmup else args.steps)]
+
+        return region
+
     rates: dict[str, list[float]] = {name: [] for name in steps}
     cpu_rates: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(args.rounds):
-        # steps interleave (A B A B ..., B first on odd rounds) so load drift hits both alike
-        order = list(steps) if r % 2 == 0 else list(reversed(steps))
-        wall, cpu = dict.fromkeys(steps, 0.0), dict.fromkeys(steps, 0.0)
-        for i in range(args.steps):
-            for name in order:
-                start, start_cpu = time.perf_counter(), time.process_time()
-                steps[name](i)
-                wall[name] += time.perf_counter() - start
-                cpu[name] += time.process_time() - start_cpu
+
+    def after_round(index: int, rounds: Rounds) -> None:
         for name in steps:
-            rates[name].append(tokens / wall[name])
-            cpu_rates[name].append(tokens / cpu[name])
+            rates[name].append(tokens / rounds.seconds(name)[-1])
+            cpu_rates[name].append(tokens / rounds.cpu_seconds(name)[-1])
         print(
-            f"round {r}: "
+            f"round {index}: "
             + "  ".join(f"{n} {rates[n][-1]:8.1f} tok/s" for n in steps)
             + f"  ratio {rates['omnibert'][-1] / rates['hf'][-1]:.3f}"
             + f"  (per CPU-second {cpu_rates['omnibert'][-1] / cpu_rates['hf'][-1]:.3f})",
             flush=True,
         )
+
+    def warmed_up(region: Region) -> None:
+        if region.turn.warmup:
+            print(f"warm-up {region.peer}: losses {', '.join(f'{x:.3f}' for x in region.value)}")
+
+    run_rounds(
+        {name: steps_of(step) for name, step in steps.items()},
+        rounds=args.rounds,
+        warmup=1 if args.warmup else 0,
+        sync=device_sync("cpu"),
+        after_round=after_round,
+        after_region=warmed_up,
+    )
     ratios = [a / b for a, b in zip(rates["omnibert"], rates["hf"], strict=True)]
     cpu_ratios = [a / b for a, b in zip(cpu_rates["omnibert"], cpu_rates["hf"], strict=True)]
     print(

@@ -17,8 +17,9 @@ vocab). Two settings:
 (``--ablation`` adds ``threads only``: omnibert's thread count with the runtime's wait policy,
 and ``passive only``: torch's thread count with ``OMP_WAIT_POLICY=PASSIVE``), each idle and
 with one competing CPU-bound process (``python -c "while True: pass"``;
-``--pin`` pins it to the last CPU of this process's affinity mask), interleaved over
-``--rounds``. Prints sequences/s of each run (the app's own throughput, from its first
+``--pin`` pins it to the last CPU of this process's affinity mask): each setting and state is
+a peer of the harness's ``--rounds`` rounds (:mod:`benchharness`: their order rotates), a
+region being one run, its rate the run's own. Prints sequences/s of each run (the app's own throughput, from its first
 logging point on, so start-up is not counted), the median per cell and, per setting, loaded
 ÷ idle (a fair share of two cores with one competitor is 50 %).
 
@@ -35,9 +36,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import benchplot
 import torch
+from benchharness import Region, Turn, device_sync, run_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "outputs" / "demo"
@@ -119,23 +122,32 @@ def main() -> None:
           f"{source}; this process may use {cpus} CPUs ({how}); torch default threads "
           f"{torch.get_num_threads()}; competitor {'pinned' if args.pin else 'not pinned'}",
           flush=True)  # fmt: skip
-    results: dict[tuple[str, bool], list[float]] = {}
+    cells = [(setting, loaded) for loaded in (False, True) for setting in settings]
+
+    def cell(setting: str, loaded: bool, workdir: Path) -> Any:
+        def region(turn: Turn) -> float:
+            proc = competitor(args.pin) if loaded else None
+            try:
+                tag = f"r{turn.index}-{'loaded' if loaded else 'idle'}-{setting.replace(' ', '_')}"
+                return run_once(setting, args.steps, workdir, tag)
+            finally:
+                if proc is not None:
+                    proc.kill()
+                    proc.wait()
+
+        return region
+
+    def ran(region: Region) -> None:
+        setting, loaded = cells[names.index(region.peer)]
+        state = "1 competitor" if loaded else "idle"
+        print(f"  round {region.turn.index + 1}  {setting:<13}  {state:<12}  "
+              f"{region.value:7.1f} seq/s", flush=True)  # fmt: skip
+
+    names = [f"{s} {'loaded' if loaded else 'idle'}" for s, loaded in cells]
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for loaded in (False, True):
-                for setting in settings if r % 2 == 0 else settings[::-1]:
-                    proc = competitor(args.pin) if loaded else None
-                    try:
-                        tag = f"r{r}-{'loaded' if loaded else 'idle'}-{setting.replace(' ', '_')}"
-                        rate = run_once(setting, args.steps, Path(tmp), tag)
-                    finally:
-                        if proc is not None:
-                            proc.kill()
-                            proc.wait()
-                    results.setdefault((setting, loaded), []).append(rate)
-                    state = "1 competitor" if loaded else "idle"
-                    print(f"  round {r + 1}  {setting:<13}  {state:<12}  {rate:7.1f} seq/s",
-                          flush=True)  # fmt: skip
+        peers = {name: cell(*c, Path(tmp)) for name, c in zip(names, cells, strict=True)}
+        rounds = run_rounds(peers, rounds=args.rounds, sync=device_sync("cpu"), after_region=ran)
+    results = {c: rounds.values(name) for name, c in zip(names, cells, strict=True)}
     rows = []
     for setting in settings:
         idle = statistics.median(results[(setting, False)])

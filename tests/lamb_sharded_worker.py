@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from test_model import model_of, unpacked_batch
+from worker_exit import leave_together
 
 from omnibert.optim import Lamb
 
@@ -66,7 +67,7 @@ def fsdp1_wrapped(model: torch.nn.Module, device: torch.device) -> Any:
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from omnibert.models.layers import BertLayer
+    from omnibert.models.bert import BertLayer
 
     return FullyShardedDataParallel(
         model,
@@ -162,11 +163,7 @@ def main() -> None:
         params = run(args.steps, impl, loss_scale)
         if dist.get_rank() == 0:
             torch.save(params, f"{args.out_dir}/{case}.pt")
-    # both ranks leave together: a rank that tears gloo down while the other still writes
-    # can abort in gloo's teardown (seen once under a loaded full suite: SIGABRT, "terminate
-    # called without an active exception")
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_together()  # see worker_exit.py
 
 
 if __name__ == "__main__":

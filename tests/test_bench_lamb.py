@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 
 def test_bench_lamb_records_failures_and_writes_after_every_stage(tmp_path, monkeypatch):
@@ -70,3 +71,29 @@ def test_the_floor_takes_the_probes_bandwidth_when_given(tmp_path, monkeypatch):
     probe.write_text(json.dumps({"ceilings": {"status": "skipped", "detail": "no CUDA device"}}))
     with pytest.raises(SystemExit, match="holds no measured copy bandwidth"):
         bench_lamb.main(["--smoke", "--bandwidth-from", str(probe)])
+
+
+def test_bench_lamb_per_rank_mode_times_unsharded_and_zero1_updates(tmp_path):
+    """``--ranks 2``: two real processes (gloo), each timing its share of the tiny set's LAMB
+    update against the whole update; the shares cover the set, the state per rank is smaller
+    than the whole, and the record says it is a CPU measurement."""
+    import bench_lamb
+    from bench_lamb import bert_shapes
+
+    out = tmp_path / "ranks.json"
+    results = bench_lamb.main(
+        ["--smoke", "--ranks", "2", "--rounds", "1", "--steps", "1", "--json", str(out),
+         "--results-dir", str(tmp_path / "records")]
+    )  # fmt: skip
+    assert json.loads(out.read_text())["status"] == "done"
+    (row,) = results["ranks"].values()
+    raw = results["raw"]["2"]
+    total = sum(torch.Size(shape).numel() for shape in bert_shapes("tiny"))
+    assert sum(raw["elements_per_rank"]) == total and row["max_elements_per_rank"] < total
+    assert row["max_state_bytes_per_rank"] < row["unsharded_state_bytes"] == 8 * total
+    assert len(raw["zero1_update"][0]) == 2  # both ranks timed, one at a time
+    for key in ("unsharded_update_ms", "zero1_update_ms", "zero1_step_ms", "broadcast_ms"):
+        assert row[key] > 0, key
+    record = json.loads((tmp_path / "records" / "lamb-ranks-tiny-cpu.json").read_text())
+    assert [r[0] for r in record["tables"][0]["rows"]] == ["2"]
+    assert any("A CPU measurement" in note for note in record["notes"])

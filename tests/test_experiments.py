@@ -124,6 +124,9 @@ def test_every_experiment_compiles_each_phase_at_its_shapes(name, fake_sdk, tmp_
     assert cfg.accelerator.accelerator == recipe["accelerator"]
     assert cfg.accelerator.devices == recipe["devices"]
     assert cfg.trainer.precision == recipe["precision"]
+    # the 8-GPU DDP recipes shard the optimiser over the GPUs (ZeRO-1)
+    zero1 = "zero1" if recipe["accelerator"] == "gpu" else "none"
+    assert cfg.accelerator.optimizer_sharding == zero1
     if recipe["accelerator"] in ("hpu", "ipu"):  # the vendor's own LAMB
         assert cfg.optimizer._target_.endswith(("habana_lamb", "poptorch_lamb")), cfg.optimizer
     if "phases" not in recipe:

@@ -310,7 +310,9 @@ def test_kernel_rows_name_the_triton_lamb_on_a_cuda_device(monkeypatch):
     assert rows["optimizer"] == "LAMB triton, omnibert_kernels (optimizer.impl=auto on CUDA)"
     assert rows["attention"].startswith("SDPA")
     assert rows["precision"] == "bf16-mixed (x)"
-    assert list(rows) == ["precision", "attention", "optimizer", "compile", "CUDA graphs"]
+    assert list(rows) == [
+        *("precision", "attention", "optimizer", "optimizer state", "compile", "CUDA graphs")
+    ]
 
 
 def test_lamb_row_follows_the_cpu_size_threshold():

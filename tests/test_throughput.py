@@ -179,3 +179,56 @@ def test_bad_settings_are_refused():
         PretrainingThroughput(window=1)
     with pytest.raises(ValueError, match="peak_flops"):
         PretrainingThroughput(peak_flops=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A10G", 70e12),
+        ("Some Future GPU", None),
+    ],
+)
+def test_peak_table(name, peak):
+    from omnibert.accelerators.peaks import peak_for_name
+
+    assert peak_for_name(name) == peak
+
+
+@pytest.mark.parametrize(
+    ("device", "name", "peak"),
+    [
+        ("cuda", "NVIDIA H100 80GB HBM3", 989e12),  # a known GPU: MFU on its bf16 peak
+        ("cuda", "Some Future GPU", None),  # unknown: no MFU
+        ("cpu", "NVIDIA H100 80GB HBM3", None),  # not on the GPU: no MFU
+    ],
+)
+def test_without_peak_flops_mfu_is_against_the_training_gpus_peak(
+    batches, monkeypatch, caplog, device, name, peak
+):
+    clock = FakeClock()
+    monkeypatch.setattr(tp.time, "perf_counter", clock)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    cb = PretrainingThroughput(window=2)
+    trainer, module = _trainer(), Recorder()
+    module.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    with caplog.at_level("INFO", logger=tp.__name__):
+        cb.on_train_start(trainer, module)
+    assert cb.mfu_peak == peak and cb.peak_flops is None
+    for i in range(2):
+        _step(cb, trainer, module, batches[i : i + 1], clock, 1.0)
+    got = module.logged[-1]
+    if peak is None:
+        assert "throughput/mfu" not in got
+    else:
+        assert got["throughput/mfu"] == pytest.approx(got["throughput/flops_per_sec"] / peak)
+    said = caplog.text
+    if device == "cuda":  # the choice is said once, at the start
+        assert name in said and ("989 TFLOP/s" in said if peak else "MFU is not logged" in said)
+    # a given peak_flops wins over the table
+    given = PretrainingThroughput(peak_flops=1e9, window=2)
+    given.on_train_start(_trainer(), module)
+    assert given.mfu_peak == 1e9

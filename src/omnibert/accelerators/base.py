@@ -32,6 +32,21 @@ class AcceleratorError(UserError):
 FP8 = "fp8"
 
 
+#: ``accelerator.optimizer_sharding``: ``none`` (every data-parallel rank holds and updates the
+#: whole optimiser, as DDP does) or ``zero1`` (each rank its share of the tensors: ZeRO stage 1,
+#: :mod:`omnibert.optim.zero1`)
+SHARDINGS = ("none", "zero1")
+#: optimisers exact on whole tensors partitioned over ranks: AdamW's update is elementwise;
+#: omnibert's LAMB sums its global gradient norm over the ranks (Lamb.partition_norms_over)
+ZERO1_SAFE = (
+    "omnibert.optim.Lamb",
+    "omnibert.optim.lamb.Lamb",
+    "omnibert.optim.AdamW",
+    "omnibert.optim.param_groups.AdamW",
+    "torch.optim.AdamW",
+)
+
+
 def lightning_precision(precision: str) -> str:
     """The Lightning precision (and autocast) a run of ``precision`` trains in: ``fp8`` is
     bf16 autocast (``bf16-mixed``) around torchao's fp8 matmuls; the others are Lightning's."""
@@ -49,6 +64,9 @@ class AcceleratorPlugin:
         timeout_s: seconds a collective of a multi-process run waits for the other ranks
             before the run ends naming the rank that stopped answering (the process-group
             timeout, :mod:`omnibert.accelerators.ddp`).
+        optimizer_sharding: ``none`` (every data-parallel rank holds and updates the whole
+            optimiser) or ``zero1`` (each rank its share of the tensors, then the parameters
+            are broadcast: :mod:`omnibert.optim.zero1`); refused where it cannot apply.
     """
 
     name = "base"
@@ -64,6 +82,9 @@ class AcceleratorPlugin:
     #: whether ``trainer.fp8.emulate=true`` can run here: torchao's emulated fp8 maths in eager
     #: or ``torch.compile``d torch (not inside a vendor graph compiler)
     fp8_emulation = True
+    #: the ``accelerator.strategy`` values under which ``optimizer_sharding=zero1`` runs (this
+    #: backend's DDP); none: the backend does not partition the optimiser
+    zero1_strategies: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -72,6 +93,7 @@ class AcceleratorPlugin:
         strategy: str = "auto",
         accelerator: str | None = None,
         timeout_s: float = 300,
+        optimizer_sharding: str = "none",
     ) -> None:
         for key, value in (("devices", devices), ("num_nodes", num_nodes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -89,6 +111,40 @@ class AcceleratorPlugin:
         self.timeout_s = float(timeout_s)
         self.strategy = strategy
         self.accelerator = accelerator or self.name
+        self.optimizer_sharding = optimizer_sharding
+        self._check_optimizer_sharding()
+
+    def _check_optimizer_sharding(self) -> None:
+        """Refuse ``optimizer_sharding`` (one sentence) where it cannot apply: an unknown
+        value, a backend without it, one process, a strategy that is not this backend's DDP."""
+        value = self.optimizer_sharding
+        if value not in SHARDINGS:
+            raise AcceleratorError(
+                f"accelerator.optimizer_sharding={value!r} is not one of {', '.join(SHARDINGS)}; "
+                "set accelerator.optimizer_sharding=none or zero1."
+            )
+        if value == "none":
+            return
+        if not self.zero1_strategies:
+            raise AcceleratorError(
+                f"accelerator.optimizer_sharding={value} partitions the optimiser of the CPU and "
+                f"GPU plugins' DDP runs, and accelerator={self.name} has no such run; set "
+                "accelerator.optimizer_sharding=none."
+            )
+        if self.world_size == 1:
+            raise AcceleratorError(
+                f"accelerator.optimizer_sharding={value} splits the optimiser over data-parallel "
+                f"ranks, but this run has one (accelerator.devices={self.devices}, "
+                f"num_nodes={self.num_nodes}); set accelerator.optimizer_sharding=none or more "
+                "accelerator.devices."
+            )
+        if self.strategy not in self.zero1_strategies:
+            sharded = " (FSDP shards the optimiser already)" if self.strategy == "fsdp" else ""
+            raise AcceleratorError(
+                f"accelerator.optimizer_sharding={value} partitions the optimiser of DDP runs, "
+                f"not of accelerator.strategy={self.strategy}{sharded}; set "
+                "accelerator.optimizer_sharding=none or accelerator.strategy=ddp."
+            )
 
     # ------------------------------------------------------------------ facts
     @property
@@ -188,7 +244,16 @@ class AcceleratorPlugin:
     # ------------------------------------------------------------------ optimiser
     def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
         """Refuse (:class:`AcceleratorError`, one sentence) an optimiser this backend cannot
-        run as configured. Never substitutes one: the configured optimiser is the one built."""
+        run as configured. Never substitutes one: the configured optimiser is the one built.
+        Here: one that ``optimizer_sharding=zero1`` would not keep exact."""
+        target = str(optimizer_cfg.get("_target_"))
+        if self.optimizer_sharding == "zero1" and target not in ZERO1_SAFE:
+            raise AcceleratorError(
+                f"accelerator.optimizer_sharding=zero1 gives each rank whole tensors to update, "
+                f"and {target} is not known to update them exactly that way (its step may couple "
+                "tensors); use optimizer=lamb, lamb_mlperf or adamw, or set "
+                "accelerator.optimizer_sharding=none."
+            )
 
     # ------------------------------------------------------------------ compile
     def compile_model(self, model: nn.Module) -> nn.Module:
@@ -314,4 +379,5 @@ class AcceleratorPlugin:
             "num_nodes": self.num_nodes,
             "strategy": self.strategy,
             "timeout_s": self.timeout_s,
+            "optimizer_sharding": self.optimizer_sharding,
         }

@@ -71,6 +71,7 @@ class CPUPlugin(AcceleratorPlugin):
 
     name = "cpu"
     precisions = ("32-true", "32", "bf16-mixed", "bf16-true")
+    zero1_strategies = ("auto", "ddp")  # gloo DDP (trainer_kwargs)
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class CPUPlugin(AcceleratorPlugin):
         strategy: str = "auto",
         accelerator: str | None = None,
         timeout_s: float = 300,
+        optimizer_sharding: str = "none",
         compile: Any = "auto",
         compile_options: dict[str, Any] | None = None,
         threads: int | None = None,
@@ -86,7 +88,7 @@ class CPUPlugin(AcceleratorPlugin):
         allow_slow_bf16: bool = False,
         auto_bf16: Any = True,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s, optimizer_sharding)
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):
@@ -165,7 +167,9 @@ class CPUPlugin(AcceleratorPlugin):
         if self.world_size > 1 and self.strategy in ("auto", "ddp"):
             from omnibert.accelerators.ddp import ddp_strategy
 
-            kwargs["strategy"] = ddp_strategy(self.timeout_s)  # gloo on CPU
+            kwargs["strategy"] = ddp_strategy(  # gloo on CPU
+                self.timeout_s, optimizer_sharding=self.optimizer_sharding
+            )
         return kwargs
 
     def compile_model(self, model: nn.Module) -> nn.Module:

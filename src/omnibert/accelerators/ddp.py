@@ -15,7 +15,9 @@ one process: Lightning's ``DDPStrategy`` with
   A child that finished (0) or stopped at a safe point (143, 130: every rank stops at that
   step) is not a loss;
 * under ``mpirun`` (Open MPI), :class:`OpenMPIEnvironment` (Lightning's ``MPIEnvironment``
-  needs mpi4py).
+  needs mpi4py);
+* with ``accelerator.optimizer_sharding=zero1``, the optimiser partitioned over the ranks
+  (:attr:`OmnibertDDPStrategy.optimizer_partition_group`, :mod:`omnibert.optim.zero1`).
 
 On the other ranks, and wherever the launcher is not this process, the loss shows as the
 collective's error (gloo: ``Connection reset by peer``, ``Timed out waiting 300000ms``);
@@ -132,11 +134,28 @@ class WatchedLauncher(_SubprocessScriptLauncher):
 class OmnibertDDPStrategy(DDPStrategy):
     """``DDPStrategy`` whose launcher is :class:`WatchedLauncher`; ``timeout`` bounds the
     start (every rank joining the process group), ``collective_timeout`` (None: the same)
-    each collective once all have joined."""
+    each collective once all have joined; ``optimizer_sharding`` (``accelerator.
+    optimizer_sharding``): ``zero1`` has the task partition the optimiser over the ranks
+    (:attr:`optimizer_partition_group`)."""
 
-    def __init__(self, *args: Any, collective_timeout: timedelta | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        collective_timeout: timedelta | None = None,
+        optimizer_sharding: str = "none",
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.collective_timeout = collective_timeout
+        self.optimizer_sharding = optimizer_sharding
+
+    @property
+    def optimizer_partition_group(self) -> Any:
+        """The process group the task partitions the optimiser over (every rank: DDP's
+        group) under ``optimizer_sharding=zero1`` (:mod:`omnibert.optim.zero1`); else None."""
+        if self.optimizer_sharding != "zero1":
+            return None
+        return torch.distributed.group.WORLD
 
     def setup_distributed(self) -> None:
         super().setup_distributed()

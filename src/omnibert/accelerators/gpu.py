@@ -61,6 +61,7 @@ class GPUPlugin(AcceleratorPlugin):
 
     name = "gpu"
     precisions = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true")
+    zero1_strategies = ("auto", "ddp")  # DDP over NCCL (trainer_kwargs)
 
     def __init__(
         self,
@@ -69,12 +70,13 @@ class GPUPlugin(AcceleratorPlugin):
         strategy: str = "auto",
         accelerator: str | None = "cuda",
         timeout_s: float = 300,
+        optimizer_sharding: str = "none",
         compile: bool = True,
         compile_options: dict[str, Any] | None = None,
         fsdp: dict[str, Any] | None = None,
         cuda_graphs: bool = False,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s, optimizer_sharding)
         self.compile = bool(compile)
         self.cuda_graphs = bool(cuda_graphs)
         self.compile_options = compile_settings(
@@ -139,7 +141,9 @@ class GPUPlugin(AcceleratorPlugin):
         if self.world_size > 1 and self.strategy in ("auto", "ddp"):
             from omnibert.accelerators.ddp import ddp_strategy
 
-            kwargs["strategy"] = ddp_strategy(self.timeout_s)
+            kwargs["strategy"] = ddp_strategy(
+                self.timeout_s, optimizer_sharding=self.optimizer_sharding
+            )
         elif self.strategy == "fsdp":
             kwargs["strategy"] = self._fsdp_strategy()
         return kwargs
@@ -162,6 +166,7 @@ class GPUPlugin(AcceleratorPlugin):
         )
 
     def check_optimizer(self, optimizer_cfg: Mapping[str, Any]) -> None:
+        super().check_optimizer(optimizer_cfg)
         target = str(optimizer_cfg.get("_target_"))
         if self.strategy == "fsdp" and target not in _SHARD_SAFE:
             raise AcceleratorError(

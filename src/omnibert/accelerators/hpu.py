@@ -56,12 +56,13 @@ class HPUPlugin(AcceleratorPlugin):
         strategy: str = "auto",
         accelerator: str | None = None,
         timeout_s: float = 300,
+        optimizer_sharding: str = "none",
         mode: str = "lazy",
         compile: bool = False,
         hpu_graphs: bool = False,
         max_graphs: int = 10,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s, optimizer_sharding)
         if mode not in ("lazy", "eager"):
             raise AcceleratorError(f"accelerator.mode={mode!r} must be lazy or eager.")
         if compile and mode == "lazy":

@@ -78,13 +78,14 @@ class IPUPlugin(AcceleratorPlugin):
         strategy: str = "auto",
         accelerator: str | None = None,
         timeout_s: float = 300,
+        optimizer_sharding: str = "none",
         device_iterations: int = 1,
         layers_per_ipu: Sequence[int] | None = None,
         available_memory_proportion: float | Sequence[float] | None = None,
         executable_cache_dir: str | None = None,
         offline_ipu_version: int = 2,
     ) -> None:
-        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s)
+        super().__init__(devices, num_nodes, strategy, accelerator, timeout_s, optimizer_sharding)
         if num_nodes != 1:
             raise AcceleratorError(
                 f"accelerator.num_nodes={num_nodes}: the IPU plugin drives one host; set "

@@ -14,8 +14,9 @@ model built on the ``meta`` device (no memory, no compute; matmuls, bmm and atte
 counted, elementwise ops are not), so the count follows whatever the model does (e.g. its
 last layer running only the rows the heads read). :func:`bert_pretraining_flops` states the
 same count analytically; the tests check that the two agree. MFU is ``flops/s / (peak_flops ·
-world_size)`` and is only logged when ``peak_flops`` (per device, for the precision used)
-is set.
+world_size)``. Without ``peak_flops`` the peak is the training GPU's dense bf16 peak from
+:data:`omnibert.accelerators.peaks.PEAK_BF16` (whatever the precision); MFU is not logged on a
+GPU the table does not know or off CUDA, and the callback says which once at the start.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from omnibert.accelerators.peaks import device_peak_flops
 from omnibert.compat import flop_counter
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,9 @@ class PretrainingThroughput(pl.Callback):
     ``mfu``. All are totals over every rank.
 
     Args:
-        peak_flops: peak FLOP/s of one device at the training precision; ``None`` skips MFU.
+        peak_flops: peak FLOP/s of one device for MFU; ``None``: the training GPU's dense
+            bf16 peak from :data:`omnibert.accelerators.peaks.PEAK_BF16`, no MFU where the
+            table has none (an unknown GPU, a CPU).
         window: number of logging points the rates are averaged over (at least 2).
         count_flops: count FLOPs with ``FlopCounterMode`` on the first batch.
     """
@@ -121,6 +125,8 @@ class PretrainingThroughput(pl.Callback):
         if peak_flops is not None and peak_flops <= 0:
             raise ValueError(f"PretrainingThroughput peak_flops must be > 0, got {peak_flops}.")
         self.peak_flops = peak_flops
+        #: the peak MFU is computed against in this fit (``peak_flops`` or the device's)
+        self.mfu_peak: float | None = peak_flops
         self.window = window
         self.count_flops = count_flops
         #: FLOPs of forward + backward of one row (measured batch FLOPs / its rows)
@@ -142,7 +148,32 @@ class PretrainingThroughput(pl.Callback):
             return self._clock
         return self._clock + time.perf_counter() - self._since
 
+    def _choose_peak(self, pl_module: pl.LightningModule) -> None:
+        """``peak_flops`` when given, else the training device's peak from the table; the
+        choice said once, so a missing MFU is never a surprise."""
+        if self.peak_flops is not None:
+            self.mfu_peak = self.peak_flops
+            return
+        device = getattr(pl_module, "device", None)
+        peak, name = device_peak_flops(device) if device is not None else (None, "unknown")
+        self.mfu_peak = peak
+        if peak is not None:
+            log.info(
+                "throughput: MFU against %s's dense bf16 peak, %.0f TFLOP/s "
+                "(callbacks.throughput.peak_flops sets another)",
+                name,
+                peak / 1e12,
+            )
+        elif device is not None and device.type == "cuda":
+            log.info(
+                "throughput: no dense bf16 peak is known for %s, so MFU is not logged; set "
+                "callbacks.throughput.peak_flops to one device's peak FLOP/s (e.g. 312e12) to log "
+                "it",
+                name,
+            )
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._choose_peak(pl_module)
         self._world = trainer.world_size
         self._last_step = self._steps_at_start = trainer.global_step
         self._clock, self._since = 0.0, time.perf_counter()
@@ -242,8 +273,8 @@ class PretrainingThroughput(pl.Callback):
         }
         if self.flops_per_sample is not None:
             out["flops_per_sec"] = self.flops_per_sample * rows / dt
-            if self.peak_flops is not None:
-                out["mfu"] = out["flops_per_sec"] / (self.peak_flops * self._world)
+            if self.mfu_peak is not None:
+                out["mfu"] = out["flops_per_sec"] / (self.mfu_peak * self._world)
         return out
 
     def summary(self) -> dict[str, float]:

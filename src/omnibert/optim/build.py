@@ -19,12 +19,22 @@ ADAMW_TARGETS = ("omnibert.optim.AdamW", "omnibert.optim.param_groups.AdamW")
 
 
 def build_optimizer(
-    spec: Mapping[str, Any], named_parameters: Iterable[tuple[str, torch.Tensor]]
+    spec: Mapping[str, Any],
+    named_parameters: Iterable[tuple[str, torch.Tensor]],
+    partition_over: Any = None,
 ) -> torch.optim.Optimizer:
     """The optimiser ``spec`` configures, over ``named_parameters`` (names decide the weight
-    decay groups)."""
-    optimizer: torch.optim.Optimizer = build(dict(spec), _convert_="all")(named_parameters)
-    return optimizer
+    decay groups); with ``partition_over`` (a ``torch.distributed`` process group: the DDP
+    ranks of ``accelerator.optimizer_sharding=zero1``) each rank keeps and updates its share
+    of the tensors (:class:`omnibert.optim.zero1.Zero1Optimizer`)."""
+    make = build(dict(spec), _convert_="all")
+    if partition_over is None:
+        optimizer: torch.optim.Optimizer = make(named_parameters)
+        return optimizer
+    # lazy: torch.distributed.optim takes most of a second to import; only zero1 runs need it
+    from omnibert.optim.zero1 import Zero1Optimizer
+
+    return Zero1Optimizer(make, named_parameters, process_group=partition_over)
 
 
 def build_schedule(

@@ -24,6 +24,7 @@ from omnibert.optim.lamb_impls import (
     UPDATES,
     Built,
     multi_tensor_lamb,
+    partition_all_reduce,
     shard_all_reduce,
     staged_step,
     triton_step,
@@ -62,6 +63,10 @@ class Lamb(torch.optim.Optimizer):
     ``‖p‖``, ``‖u‖`` of every tensor are summed over the ranks' shards, one all-reduce each
     (the clip factor must be known before the moments, hence two), so the step is the
     unsharded one (:mod:`omnibert.optim.sharding`).
+
+    Partitioned whole tensors (ZeRO-1, :meth:`partition_norms_over`: this optimiser updates
+    one rank's share of a model's tensors): per-tensor norms are local, and only the squared
+    global gradient norm is summed over the ranks (one all-reduce of one number).
     """
 
     def __init__(
@@ -125,6 +130,10 @@ class Lamb(torch.optim.Optimizer):
         self.triton_chunk_size = triton_chunk_size
         self._multi_tensor: Any = None  # omnibert_kernels.lamb_triton.MultiTensorLamb
         self.shard_group: Any = None  # torch.distributed process group of the shards
+        #: the process group whose ranks update the other whole tensors of the model (ZeRO-1)
+        self.partition_group: Any = None
+        #: the elements of the whole model (``impl="auto"`` judges by them; None: these params)
+        self.model_numel: int | None = None
         self._dtensor_group: Any = None
         self._dtensor_checked = False
         self.last_grad_norm: Tensor | None = None  # global norm before clipping (for logging)
@@ -151,6 +160,18 @@ class Lamb(torch.optim.Optimizer):
         tensor), and every rank steps together: each step makes two all-reduces.
         """
         self.shard_group = group
+
+    def partition_norms_over(self, group: Any, model_numel: int) -> None:
+        """Declare the parameters this rank's whole tensors of a model of ``model_numel``
+        elements whose other tensors the other ranks of ``group`` update (ZeRO-1,
+        :mod:`omnibert.optim.zero1`): the global gradient norm (clipping, the non-finite
+        check) is then summed over ``group``, one all-reduce of one number per step, while each
+        tensor's ``‖p‖`` and ``‖u‖`` stay local; ``impl="auto"`` chooses by the whole model's
+        size, so every rank runs the kernel the unsharded model would."""
+        if self.shard_group is not None:
+            raise ValueError("Lamb takes sharded tensors (FSDP) or partitioned ones, not both.")
+        self.partition_group = group
+        self.model_numel = int(model_numel)
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Like apex: ``set_grad_none`` decides unless ``set_to_none`` is given."""
@@ -179,7 +200,7 @@ class Lamb(torch.optim.Optimizer):
         if (
             device.type == "cpu"
             and "compiled" not in self._broken_impls
-            and sum(p.numel() for p in params) >= self.compile_min_numel
+            and (self.model_numel or sum(p.numel() for p in params)) >= self.compile_min_numel
             and all(local(p).is_contiguous() for p in params)
         ):
             return "compiled"
@@ -298,7 +319,10 @@ class Lamb(torch.optim.Optimizer):
 
     def _reducer(self, slots: list[int]) -> Callable[[Tensor], None] | None:
         """``None`` unsharded; else an in-place sum over the shards' ranks: ``[1]`` (Σg²) as
-        is, ``[n, 2]`` per-tensor rows through a vector with one row per parameter."""
+        is, ``[n, 2]`` per-tensor rows through a vector with one row per parameter.
+        Partitioned whole tensors: only ``[1]`` is summed."""
+        if self.partition_group is not None:
+            return partition_all_reduce(self.partition_group)
         group = self.shard_group
         if group is None:
             if not self._dtensor_checked:

@@ -8,8 +8,9 @@
 * **Step drivers**: :func:`staged_step` (global gradient norm, stage 1 of every group,
   stage 2 of every group) and :func:`triton_step` (every group in one multi-tensor call).
   Both take ``reduce``, the in-place sum over the ranks that hold shards of the parameters
-  (:func:`shard_all_reduce`; ``None`` unsharded), and run it where the unsharded step would
-  read a norm.
+  (:func:`shard_all_reduce`) or the other tensors of a partitioned model
+  (:func:`partition_all_reduce`; ``None`` unsharded), and run it where the unsharded step
+  would read a norm.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "STAGES",
     "UPDATES",
     "multi_tensor_lamb",
+    "partition_all_reduce",
     "shard_all_reduce",
     "staged_step",
     "triton_step",
@@ -118,6 +120,18 @@ def shard_all_reduce(group: Any, slots: list[int], total: int) -> Callable[[Tens
         full.index_copy_(0, rows, t)
         dist.all_reduce(full, group=group)
         t.copy_(full.index_select(0, rows))
+
+    return all_reduce
+
+
+def partition_all_reduce(group: Any) -> Callable[[Tensor], None]:
+    """An in-place sum over the ranks of ``group`` of ``[1]`` (Σg²) only, for whole tensors
+    partitioned over the ranks (ZeRO-1): the global gradient norm spans every rank's tensors,
+    while the ``[n, 2]`` per-tensor rows are whole tensors' norms already and stay local."""
+
+    def all_reduce(t: Tensor) -> None:
+        if t.dim() == 1:
+            dist.all_reduce(t, group=group)
 
     return all_reduce
 

@@ -108,7 +108,13 @@ class TrainingTask(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.hparams["optimizer"] is None:
             raise RuntimeError(f"this {type(self).__name__} was built without an optimizer")
-        optimizer = build_optimizer(self.hparams["optimizer"], self.model.named_parameters())
+        # accelerator.optimizer_sharding=zero1 (DDP): each rank updates its share of the tensors
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        optimizer = build_optimizer(
+            self.hparams["optimizer"],
+            self.model.named_parameters(),
+            partition_over=getattr(strategy, "optimizer_partition_group", None),
+        )
         # FSDP1 (accelerator.strategy=fsdp): LAMB sums its norms over the shards' ranks
         self._shard_group = attach_shard_group(
             optimizer, self._trainer.model if self._trainer is not None else None

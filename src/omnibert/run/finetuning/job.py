@@ -121,6 +121,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
         raise FineTuneInputError(
             "omnibert-finetune does not run on accelerator=ipu yet; use cpu, gpu or hpu."
         )
+    plugin.check_optimizer(config.optimizer)  # e.g. one zero1 or FSDP would not keep exact
     # CPU threads from the CPUs this process may use, as pretraining sets them
     plugin.configure_threads(config.data.num_workers)
     plugin.decide_compile(None, 0)  # compile=auto: no timed rate here, so eager (CPU)

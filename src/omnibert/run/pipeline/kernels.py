@@ -3,8 +3,10 @@ printed in the plan (``omnibert-train``'s "kernels" rows, ``plan.json``'s ``kern
 
 Precision (``trainer.precision``, ``auto`` resolved by the accelerator), attention (the
 model's path on this device), the optimiser's update kernel (LAMB's ``impl: auto`` resolved
-as :meth:`omnibert.optim.Lamb.resolve_impl` resolves it; AdamW's ``fused: auto``), and what
-the accelerator plugin adds (``torch.compile`` and its mode, CUDA graphs: ``kernels()``).
+as :meth:`omnibert.optim.Lamb.resolve_impl` resolves it; AdamW's ``fused: auto``), the
+optimiser state one rank holds (``accelerator.optimizer_sharding``:
+:mod:`omnibert.optim.zero1_plan`), and what the accelerator plugin adds (``torch.compile``
+and its mode, CUDA graphs: ``kernels()``).
 ``tests/test_kernels.py`` checks these predictions against the objects a run builds.
 """
 
@@ -17,6 +19,8 @@ import torch
 
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.optim.build import ADAMW_TARGETS, LAMB_TARGETS
+from omnibert.optim.param_groups import BERT_NO_WEIGHT_DECAY, normalize_params
+from omnibert.optim.zero1_plan import state_memory_line
 
 #: Lamb's default ``compile_min_numel``
 LAMB_COMPILE_MIN_NUMEL = 20_000_000
@@ -95,9 +99,31 @@ def kernel_choices(
     """The plan's kernel rows: ``model_config`` with its vocab size resolved, the optimiser
     config and the resolved precision, on ``plugin``'s device."""
     device = plugin.device
-    return {
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig(**dict(model_config)))
+    rows = {
         "precision": f"{precision} ({precision_reason})",
         "attention": attention_choice(model_config, device.type),
-        "optimizer": optimizer_choice(optimizer_cfg, device, count_parameters(model_config)),
-        **plugin.kernels(),
+        "optimizer": optimizer_choice(
+            optimizer_cfg, device, sum(p.numel() for p in model.parameters())
+        ),
     }
+    state = optimizer_state(plugin, model, optimizer_cfg, precision)
+    return {**rows, **({"optimizer state": state} if state else {}), **plugin.kernels()}
+
+
+def optimizer_state(
+    plugin: Any, model: torch.nn.Module, optimizer_cfg: Mapping[str, Any], precision: str
+) -> str | None:
+    """The plan's optimiser-state line for ``model`` (on the meta device): one rank's state
+    under ``plugin``'s ``optimizer_sharding`` against the unsharded state (``None``: an
+    optimiser whose state is not counted)."""
+    default = BERT_NO_WEIGHT_DECAY if str(optimizer_cfg.get("_target_")) in ADAMW_TARGETS else None
+    groups = normalize_params(
+        model.named_parameters(),
+        float(optimizer_cfg.get("weight_decay", 0.0)),
+        optimizer_cfg.get("no_weight_decay", default),
+    )
+    sizes = [[p.numel() for p in group["params"]] for group in groups]
+    sharding = str(getattr(plugin, "optimizer_sharding", "none"))
+    return state_memory_line(optimizer_cfg, sizes, plugin.world_size, sharding, precision)
