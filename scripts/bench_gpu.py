@@ -2,7 +2,7 @@
 
 Each case's batches come from omnibert's own wiring: ``omnibert-train``'s config
 (``data=generated`` with a length histogram, ``accelerator=gpu``) goes through
-``omnibert.run.pretraining.prepare``, so the plan, the precision (``auto``: bf16 where the GPU
+``omnibert.run.pretraining.job.prepare``, so the plan, the precision (``auto``: bf16 where the GPU
 runs it), the compile settings, the micro batch and the data module are a training run's. The
 sequences are drawn once, with a fixed seed, and **both sides read the same sequences**:
 unpacked, the very same batches; packed, Hugging Face (which has no packed attention) reads

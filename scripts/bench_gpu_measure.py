@@ -42,9 +42,9 @@ from omnibert.accelerators.peaks import device_peak_flops
 
 
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
-    """``omnibert.run.pretraining.prepare`` of the training config for one case."""
+    """``omnibert.run.pretraining.job.prepare`` of the training config for one case."""
     from omnibert.apps.compose import compose
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     spec, seq, packing = MODELS[case.model], case.seq, case.packing
     rows = micro_batch(args, case)

@@ -15,9 +15,9 @@ import pytest
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-# The speed probe (omnibert.run.speed_probe) chooses a micro batch by timing this machine: under
-# load its choice may differ between two runs a test compares, so the tests run the memory
-# rule (its own tests turn the probe on), with a cache of their own, never the user's.
+# The speed probe (omnibert.run.sizing.speed_probe) chooses a micro batch by timing this
+# machine: under load its choice may differ between two runs a test compares, so the tests run
+# the memory rule (its own tests turn the probe on), with a cache of their own, never the user's.
 os.environ["OMNIBERT_MICRO_BATCH_PROBE"] = "false"
 os.environ["OMNIBERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnibert-test-cache-")
 # trainer.precision=auto is bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the

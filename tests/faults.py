@@ -269,7 +269,7 @@ class FailingCheckpointWrites:
     at ``stage``: ``write`` (the file object's write, after some bytes went out), ``fsync``
     or ``rename``; every other file is written as usual. Install it with
     :meth:`install` (a pytest ``monkeypatch``): it replaces ``open``, ``os.fsync`` and
-    ``os.replace`` as :mod:`omnibert.callbacks.checkpoint_io` sees them. ``failures`` counts
+    ``os.replace`` as :mod:`omnibert.checkpoints.writing` sees them. ``failures`` counts
     the writes it failed."""
 
     def __init__(self, names: tuple[str, ...], stage: str = "write", code: int = 28) -> None:
@@ -288,7 +288,7 @@ class FailingCheckpointWrites:
     def install(self, monkeypatch: Any) -> FailingCheckpointWrites:
         import builtins
 
-        from omnibert.callbacks import checkpoint_io
+        from omnibert.checkpoints import writing
 
         real_open, real_fsync, real_replace = builtins.open, os.fsync, os.replace
         paths: dict[int, str] = {}
@@ -331,9 +331,9 @@ class FailingCheckpointWrites:
                 hooks._fail()
             real_replace(src, dst, *args, **kwargs)
 
-        monkeypatch.setattr(checkpoint_io, "open", fake_open, raising=False)
-        monkeypatch.setattr(checkpoint_io.os, "fsync", fake_fsync)
-        monkeypatch.setattr(checkpoint_io.os, "replace", fake_replace)
+        monkeypatch.setattr(writing, "open", fake_open, raising=False)
+        monkeypatch.setattr(writing.os, "fsync", fake_fsync)
+        monkeypatch.setattr(writing.os, "replace", fake_replace)
         return self
 
 

@@ -341,7 +341,7 @@ def test_a_run_trains_with_the_configured_optimizer(
 ):
     """Through the app's wiring: the task's optimiser and its saved hyper-parameters are the
     configured ones (the HPU plugin used to rewrite the _target_ before)."""
-    from omnibert.run.pretraining import build_task, prepare
+    from omnibert.run.pretraining.job import build_task, prepare
 
     cfg = compose_config("experiment=smoke", f"paths.output_root={tmp_path}",
                    f"accelerator={accelerator}", f"optimizer={optimizer}")  # fmt: skip
@@ -402,7 +402,7 @@ def test_static_graph_backends_refuse_dynamic_attention_before_compute(
 ):
     """One sentence naming the key and what to use, from the plan (no model is built)."""
     from omnibert.models import BertConfigError
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     cfg = compose_config("experiment=smoke", f"accelerator={accelerator}", *MODERN_SMOKE,
                          f"model.config.attention={attention}", "optimizer=adamw",
@@ -420,7 +420,7 @@ def test_hpu_fake_plans_modern_tiny_and_runs_its_lazy_step(
     the batch's shape) and the plugin's lazy-mode step runs its training step, a mark_step
     after backward and after the update (the model stays on the CPU: the FAKE SDK has no
     device)."""
-    from omnibert.run.pretraining import build_task, prepare
+    from omnibert.run.pretraining.job import build_task, prepare
 
     cfg = compose_config("experiment=smoke", "accelerator=hpu", *MODERN_SMOKE,
                          f"model.config.attention={attention}", root=tmp_path)  # fmt: skip

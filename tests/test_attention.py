@@ -14,13 +14,8 @@ import pytest
 import torch
 
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
-from omnibert.models.attention import (
-    AUTO_CHOICES,
-    DenseAttention,
-    Unpadded,
-    check_backend,
-    resolve_attention,
-)
+from omnibert.models.attention import DenseAttention, Unpadded
+from omnibert.models.attention_choice import AUTO_CHOICES, check_backend, resolve_attention
 
 VOCAB = 99
 TINY = BertConfig(
@@ -354,7 +349,7 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
 ) -> None:
     from omnibert.apps.compose import compose
     from omnibert.apps.train import run_or_exit
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     auto = prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}"]))
     train, evaluate = (
@@ -379,15 +374,15 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
 
 def test_a_checkpoint_resumes_and_initialises_under_another_backend(tmp_path) -> None:
     """attention is how the model computes, not what: resume and init_from ignore it."""
+    from omnibert.checkpoints.resuming import check_resume_target
     from omnibert.models.config import architecture_diffs
-    from omnibert.run.checkpoints import check_resume_target
 
     written = TINY.replace(attention="varlen").to_dict()
     ckpt = tmp_path / "last.ckpt"
     torch.save({"hyper_parameters": {"model_config": written}}, ckpt)
     check_resume_target(str(ckpt), TINY.replace(attention="sdpa").to_dict())
     assert architecture_diffs(written, TINY.to_dict()) == []
-    from omnibert.run.plan import TrainConfigError
+    from omnibert.config import TrainConfigError
 
     with pytest.raises(TrainConfigError, match="hidden_size"):
         check_resume_target(str(ckpt), TINY.replace(hidden_size=64, attention="sdpa").to_dict())

@@ -18,8 +18,8 @@ import torch
 from faults import FailingCheckpointWrites
 
 from omnibert.apps.train import run_or_exit
-from omnibert.callbacks import AtomicCheckpointIO, PretrainingCheckpoint
-from omnibert.callbacks.checkpoint_io import TMP_MARKER, CheckpointWriteError
+from omnibert.checkpoints.saving import PretrainingCheckpoint
+from omnibert.checkpoints.writing import TMP_MARKER, AtomicCheckpointIO, CheckpointWriteError
 from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 
@@ -245,7 +245,7 @@ BERT_TINY = ("model.config.hidden_size=128", "model.config.num_hidden_layers=2",
 
 @pytest.mark.parametrize("model", [(), BERT_TINY], ids=["smoke", "bert_tiny"])
 def test_the_plan_estimates_a_checkpoint_within_ten_percent(tmp_path, compose_config, model):
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     overrides = (*model, "phase.max_steps=1", "callbacks.checkpoint.keep_last=0")
     plan = prepare(compose_config(*SMOKE, *overrides, root=tmp_path)).plan
@@ -260,10 +260,10 @@ def test_the_plan_estimates_a_checkpoint_within_ten_percent(tmp_path, compose_co
 def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
     tmp_path, monkeypatch, compose_config
 ):
-    from omnibert.run import checkpoint_space
-    from omnibert.run.pretraining import prepare
+    from omnibert.checkpoints import space
+    from omnibert.run.pretraining.job import prepare
 
-    monkeypatch.setattr(checkpoint_space, "free_bytes", lambda path: 100_000)
+    monkeypatch.setattr(space, "free_bytes", lambda path: 100_000)
     with pytest.raises(UserError) as refused:
         prepare(compose_config(*SMOKE, root=tmp_path))
     folder = tmp_path / "smoke" / "checkpoints"
@@ -272,7 +272,7 @@ def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
         "checkpoint of this run (about 250.6 KiB); free space there or set paths.checkpoint_dir "
         "to a file system with room."
     )
-    monkeypatch.setattr(checkpoint_space, "free_bytes", lambda path: 800_000)  # 3 of 5 fit
+    monkeypatch.setattr(space, "free_bytes", lambda path: 800_000)  # 3 of 5 fit
     space = prepare(compose_config(*SMOKE, root=tmp_path)).plan.checkpoint_space
     assert space["at_most"] == 5 and space["warning"] == (
         "the checkpoints of this run need up to 1.2 MiB (5 of about 250.6 KiB: keep_last=3, "

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from omnibert import compat
-from omnibert.callbacks import CompletedBatchProgress
 from omnibert.callbacks.throughput import bert_pretraining_flops, measure_flops
+from omnibert.checkpoints.resuming import CompletedBatchProgress
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.activation_memory import meta_batch
+from omnibert.run.sizing.activation_memory import meta_batch
 
 
 class Small(nn.Module):
@@ -160,7 +160,7 @@ class _Trainer:
 @pytest.fixture
 def lightning_2_3(monkeypatch):
     monkeypatch.setattr(
-        "omnibert.callbacks.batch_progress.lightning_resumes_after_batch_end", lambda: False
+        "omnibert.checkpoints.resuming.lightning_resumes_after_batch_end", lambda: False
     )
 
 

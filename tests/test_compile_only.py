@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import omnibert.run.compile_only as compile_only_module
+import omnibert.run.sizing.compile_only as compile_only_module
 from omnibert.accelerators.cpu import CPUPlugin
 from omnibert.apps.train import run_or_exit
 from omnibert.callbacks.throughput import bert_pretraining_flops
@@ -20,7 +20,7 @@ from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.activation_memory import meta_batch, saved_activation_bytes
+from omnibert.run.sizing.activation_memory import meta_batch, saved_activation_bytes
 
 SMOKE = ("experiment=smoke", "data.num_workers=0", "compile_only=true")
 # the smoke model (conf/experiment/smoke.yaml)

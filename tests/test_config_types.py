@@ -85,7 +85,7 @@ def test_keys_of_built_objects_are_checked_against_what_they_build(
 ) -> None:
     """Groups that are ``_target_`` nodes: the value is refused by the training app's own
     preparation, before a data module, model or Trainer exists."""
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
     with pytest.raises(UserError) as refused:

@@ -196,22 +196,22 @@ def test_export_of_a_damaged_last_ckpt_names_the_intact_one(
     with pytest.raises(UserError) as refused:
         run(compose("export", [f"ckpt={damaged_last / 'last.ckpt'}", f"out={tmp_path / 'hf'}"]))
     _damaged_message(str(refused.value), "ckpt", damaged_last)
-    from omnibert.convert.hf import model_from_pretraining_checkpoint
+    from omnibert.checkpoints.reading import model_from_pretraining_checkpoint
 
     model_from_pretraining_checkpoint(damaged_last / "step-00000006.ckpt")  # the one named loads
 
 
 def test_eval_of_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path) -> None:
-    from omnibert.run.evaluation import evaluate
+    from omnibert.run.tools.evaluation import evaluate_pretrained
 
     cfg = compose("eval", [f"ckpt={damaged_last / 'last.ckpt'}", "data.eval_path=unused"])
     with pytest.raises(UserError) as refused:
-        evaluate(cfg)
+        evaluate_pretrained(cfg)
     _damaged_message(str(refused.value), "ckpt", damaged_last)
 
 
 def test_resume_from_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path) -> None:
-    from omnibert.run.pretraining import prepare as prepare_run
+    from omnibert.run.pretraining.job import prepare as prepare_run
 
     root = damaged_last.parent.parent
     cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={root}", "ckpt_path=last"])
@@ -221,7 +221,7 @@ def test_resume_from_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path
 
 
 def test_a_file_that_is_no_checkpoint_is_not_called_damaged(tmp_path: Path) -> None:
-    from omnibert.ckpt_files import unreadable_checkpoint
+    from omnibert.checkpoints.files import unreadable_checkpoint
 
     path = tmp_path / "notes.ckpt"
     path.write_text("not a checkpoint\n")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from omnibert.callbacks import CompletedBatchProgress
+from omnibert.checkpoints.resuming import CompletedBatchProgress
 from omnibert.data.collate import BATCH_KEYS
 from omnibert.data.converted import ConvertedSource
 from omnibert.data.datamodule import (

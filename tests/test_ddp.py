@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfigError
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
-from omnibert.run.plan import TrainConfigError
-from omnibert.run.slurm import check_slurm_layout
+from omnibert.run.launching.slurm import check_slurm_layout
 
 # experiment=smoke (global batch 8, 6 steps) without dropout: with dropout each rank would
 # draw its own masks, which no single process reproduces. One masked position per row: the

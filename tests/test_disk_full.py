@@ -22,7 +22,7 @@ from test_signals import _checkpoints, _no_traceback, _train, started
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
-from omnibert.callbacks.checkpoint_io import TMP_MARKER
+from omnibert.checkpoints.writing import TMP_MARKER
 
 resource = pytest.importorskip("resource")
 if not hasattr(resource, "prlimit"):
@@ -137,8 +137,8 @@ def test_a_full_disk_stops_the_run_and_keep_last_1_fits(tmp_path):
     last.ckpt at step 4 fails with ENOSPC (step 2, its last.ckpt and step 4 fill it): one
     line, exit code 74, step 4's file removed again, last.ckpt of step 2 intact. Resumed with
     keep_last=1 (at most 3 at once) the run ends in the same space."""
+    from omnibert.checkpoints.space import checkpoint_bytes
     from omnibert.config import TrainConfig
-    from omnibert.run.checkpoint_space import checkpoint_bytes
 
     config = TrainConfig.of(compose("pretrain", ["experiment=smoke"]))
     each = checkpoint_bytes(config.model.bert(128).to_dict(), "32-true", config.optimizer)

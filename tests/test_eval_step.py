@@ -63,7 +63,7 @@ def test_the_report_and_the_lines_name_the_checkpoints_step(step_300, capsys):
 
 
 def test_a_tf1_checkpoint_gives_its_global_step_variable():
-    from omnibert.run.evaluation import checkpoint_step
+    from omnibert.run.tools.evaluation import checkpoint_step
 
     prefix = Path(__file__).parent / "fixtures" / "tf1" / "model.ckpt-7"
     assert checkpoint_step(prefix, "tf1") == 7

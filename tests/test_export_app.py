@@ -14,7 +14,8 @@ from test_task import LAMB, MODEL
 
 from omnibert.apps import export as export_app
 from omnibert.apps.compose import compose
-from omnibert.convert.hf import ConversionError, load_pretraining_checkpoint
+from omnibert.checkpoints.reading import load_pretraining_checkpoint
+from omnibert.convert.hf import ConversionError
 from omnibert.tasks.pretraining import PretrainingTask
 from omnibert.tokenization.vocab import sha256_file
 

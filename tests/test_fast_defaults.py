@@ -1,5 +1,5 @@
 """The defaults of a run with no tuning flags: the micro batch the speed probe chooses
-(omnibert.run.speed_probe), the resumed run's micro batch, and the CPU's precision rule.
+(omnibert.run.sizing.speed_probe), the resumed run's micro batch, and the CPU's precision rule.
 
 The selection logic is tested on fake timings (no test here depends on how fast this machine
 is); the probe itself runs once on a real tiny model to show it times, caches and leaves the
@@ -19,9 +19,9 @@ from omnibert.apps.train import run as train
 from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 from omnibert.models import BertConfig
-from omnibert.run import speed_probe
-from omnibert.run.batches import data_and_batches
-from omnibert.run.speed_probe import candidate_sizes, choose_fastest, probe_micro_batch
+from omnibert.run.pretraining.batches import data_and_batches
+from omnibert.run.sizing import speed_probe
+from omnibert.run.sizing.speed_probe import candidate_sizes, choose_fastest, probe_micro_batch
 
 
 class FakeClock:
@@ -252,8 +252,8 @@ def test_the_bf16_rule_reads_the_cpus_flags(monkeypatch):
 def test_a_checkpoint_from_before_the_modern_options_resumes(tmp_path):
     # checkpoints written before BertConfig grew its modern fields hold only BERT's: what
     # they lack counts as the default (make demo resumes its earlier run this way)
-    from omnibert.run.checkpoints import check_resume_target
-    from omnibert.run.plan import TrainConfigError
+    from omnibert.checkpoints.resuming import check_resume_target
+    from omnibert.config import TrainConfigError
 
     old_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                   "intermediate_size", "hidden_act", "hidden_dropout_prob",

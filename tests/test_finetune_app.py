@@ -18,7 +18,7 @@ from finetune_data import mrpc_file, squad_file
 
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
-from omnibert.convert.checkpoints import load_pretrained
+from omnibert.checkpoints.reading import load_pretrained
 from omnibert.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -17,7 +17,7 @@ from omnibert.apps.compose import compose
 from omnibert.config import FinetuneData
 from omnibert.errors import UserError
 from omnibert.finetune.batching import TrimPadding, length_order, trimmed_length
-from omnibert.run.finetune_eval import logits
+from omnibert.run.finetuning.outputs import logits
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -134,7 +134,7 @@ def test_the_run_loader_cuts_each_batch_to_its_longest_row(tmp_path, tiny_hf, mr
     base = ["task=mrpc", f"data.train_file={train}", f"model.init_from={tiny_hf}",
             f"paths.output_root={tmp_path}", "task.batch_size=4", "task.max_seq_length=64",
             "logger=none"]  # fmt: skip
-    from omnibert.run.finetuning import build, prepare
+    from omnibert.run.finetuning.job import build, prepare
 
     widths = {}
     for padding in ("longest", "max_length"):

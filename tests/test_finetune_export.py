@@ -99,9 +99,9 @@ def _predict(run_dir: Path, inputs: Path, out: Path) -> list[dict]:
 
 def _features(run_dir: Path, dev: Path):
     """The run's task, recipe and its own features of ``dev`` (what omnibert-predict runs)."""
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_inputs import task_data
-    from omnibert.run.inference import load_finetuned
+    from omnibert.run.finetuning.inputs import task_data
 
     finetuned = load_finetuned(run_dir)
     data = task_data(finetuned.recipe)
@@ -122,7 +122,7 @@ def test_hugging_face_loads_the_export_and_gives_omnibert_logits(runs, task):
     end on the real tokens; padding is never read)."""
     import transformers
 
-    from omnibert.run.finetune_eval import logits
+    from omnibert.run.finetuning.outputs import logits
 
     run_dir, dev, exported = runs[task]
     names = sorted(p.name for p in exported.iterdir())
@@ -187,8 +187,9 @@ def test_the_exported_tokenizer_lower_cases_as_the_run_did(runs, tmp_path, bert_
     cased one (the same vocab with one upper-case piece: omnibert reads it as cased)."""
     from transformers import AutoTokenizer
 
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.inference import export_hf_finetuned, load_finetuned
+    from omnibert.run.tools.exporting import export_hf_finetuned
 
     run_dir, _, _ = runs["mrpc"]
     finetuned = load_finetuned(run_dir)
@@ -355,7 +356,7 @@ def test_init_from_an_export_continues_with_its_head(runs, task, tmp_path, capsy
 def test_a_head_of_another_task_starts_afresh_with_a_note(runs, tmp_path):
     """The MRPC classifier (2 labels) for STS-B (1 output) and the SQuAD head for MRPC: the
     encoder is loaded, the head is new, and the "initialised from" line says why."""
-    from omnibert.run.finetuning import build, prepare
+    from omnibert.run.finetuning.job import build, prepare
 
     _, mrpc_dev, mrpc_export = runs["mrpc"]
     squad_export = runs["squad"][2]
@@ -402,7 +403,7 @@ def test_what_omnibert_did_not_write_is_refused_in_one_sentence(runs, tmp_path):
     with pytest.raises(ConversionError, match=r"is a Hugging Face directory already"):
         export_app.run(compose("export", [f"ckpt={exported}", f"out={out}"]))
     assert not out.exists()
-    from omnibert.convert.checkpoints import load_pretrained
+    from omnibert.checkpoints.reading import load_pretrained
 
     run_dir = runs["mrpc"][0]
     with pytest.raises(ConversionError, match=r"is an omnibert-finetune run \(a fine-tuned"):
@@ -418,8 +419,8 @@ def test_what_omnibert_did_not_write_is_refused_in_one_sentence(runs, tmp_path):
 
 def _squad_inputs(run_dir: Path, dev: Path) -> tuple[list, list[dict]]:
     """The dev file's questions and what omnibert-predict answers them (the run's records)."""
-    from omnibert.run.finetune_inputs import task_data
-    from omnibert.run.inference import load_finetuned
+    from omnibert.checkpoints.reading import load_finetuned
+    from omnibert.run.finetuning.inputs import task_data
 
     dataset = task_data(load_finetuned(run_dir).recipe).read_file(dev, "input_file")
     return list(zip(dataset["question"], dataset["context"], strict=True)), list(dataset["id"])

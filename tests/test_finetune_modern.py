@@ -68,7 +68,7 @@ def modern_sources(tmp_path_factory, bert_vocab_file) -> dict[str, Path]:
 
 @pytest.mark.parametrize("source", ["huggingface", "omnibert"])
 def test_glue_from_a_modern_checkpoint_trains_and_predicts(tmp_path, modern_sources, source):
-    from omnibert.run.inference import load_finetuned
+    from omnibert.checkpoints.reading import load_finetuned
 
     train, dev = mrpc_file(tmp_path / "train.tsv", 16, 1), mrpc_file(tmp_path / "dev.tsv", 8, 2)
     summary = finetune.run(compose("finetune", [

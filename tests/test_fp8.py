@@ -35,7 +35,7 @@ from omnibert.apps.train import run_or_exit
 from omnibert.config.sections import ConfigError, Float8Settings
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.heads import BertForSequenceClassification
-from omnibert.run import pretraining
+from omnibert.run.pretraining import job as pretraining
 
 #: the Linear layers of one encoder layer that run in fp8
 LAYER_FP8 = (
@@ -323,7 +323,7 @@ def test_an_fp8_checkpoint_exports_to_transformers(pair, tmp_path) -> None:
 def test_fine_tuning_trains_in_fp8_through_the_shared_pipeline(tmp_path, tiny_hf) -> None:
     from finetune_data import mrpc_file
 
-    from omnibert.run import finetuning
+    from omnibert.run.finetuning import job as finetuning
 
     train = mrpc_file(tmp_path / "train.tsv", 8, 1)
     cfg = compose("finetune", [
@@ -346,7 +346,7 @@ def test_fine_tuning_trains_in_fp8_through_the_shared_pipeline(tmp_path, tiny_hf
 
 
 def test_compile_only_measures_the_fp8_step(tmp_path, monkeypatch) -> None:
-    from omnibert.run import compile_only
+    from omnibert.run.sizing import compile_only
 
     swapped: list[list[str]] = []
     convert = compile_only.convert_to_float8

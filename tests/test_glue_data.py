@@ -17,7 +17,7 @@ from glue_data import glue_split, hub_glue_dir
 from omnibert.apps.compose import compose
 from omnibert.finetune.glue import text_features
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
-from omnibert.run.finetune_inputs import check_inputs
+from omnibert.run.finetuning.inputs import check_inputs
 
 
 @pytest.fixture(scope="module")

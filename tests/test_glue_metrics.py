@@ -9,7 +9,7 @@ import math
 import pytest
 
 from omnibert.finetune.glue_metrics import METRICS, compute, task_score
-from omnibert.run.glue_report import GLUE_ORDER, glue_table, markdown, write_glue_report
+from omnibert.run.finetuning.glue_report import GLUE_ORDER, glue_table, markdown, write_glue_report
 
 
 def test_accuracy_and_positive_class_f1_by_hand():

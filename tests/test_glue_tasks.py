@@ -124,8 +124,8 @@ def test_every_glue_task_config_scores_and_writes_the_server_files(task, hub, tm
     """Each task's config, data, features, predictions, metrics and files through the run's
     own evaluate step, on random head outputs (training is the shared path tested below)."""
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_eval import evaluate
-    from omnibert.run.finetune_inputs import check_inputs
+    from omnibert.run.finetuning.inputs import check_inputs
+    from omnibert.run.finetuning.outputs import evaluate_finetuned
 
     inputs = check_inputs(compose("finetune", [
         f"task={task}", f"data.dataset={hub}", f"data.cache_dir={tmp_path / 'cache'}",
@@ -146,7 +146,7 @@ def test_every_glue_task_config_scores_and_writes_the_server_files(task, hub, tm
     head = RandomHead()
     head.register_parameter("p", torch.nn.Parameter(torch.zeros(1)))
     run_dir = tmp_path / "run"
-    result = evaluate(inputs, tokenizer, head, None, run_dir)
+    result = evaluate_finetuned(inputs, tokenizer, head, None, run_dir)
     assert list(result["metrics"]) == METRICS[task]
     _check_written(run_dir, task, result["metrics"], hub, tmp_path / "c2")
 

@@ -138,9 +138,9 @@ def test_a_stale_omnibert_wheel_is_rebuilt_from_the_checkout(project_bundle, tmp
 #: what a GPU check imports: the apps and the training pipeline, the GPU plugin and kernels, the
 #: GPU test files and the benchmarks
 GPU_PATH_MODULES = (
-    "omnibert.apps.train", "omnibert.apps.compose", "omnibert.run.pretraining",
+    "omnibert.apps.train", "omnibert.apps.compose", "omnibert.run.pretraining.job",
     "omnibert.tasks.pretraining", "omnibert.data.datamodule", "omnibert.accelerators.gpu",
-    "omnibert.callbacks.checkpoint", "omnibert.callbacks.throughput", "omnibert.optim",
+    "omnibert.checkpoints.saving", "omnibert.callbacks.throughput", "omnibert.optim",
     "omnibert.accelerators.float8", "torchao.float8",  # trainer.precision=fp8 (lazy import)
     "omnibert_kernels.lamb_triton", "omnibert_kernels.lamb_triton_jit",
     "test_gpu", "test_fp8_gpu", "test_attention", "test_lamb_triton", "test_lamb_sharded",

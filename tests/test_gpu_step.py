@@ -139,8 +139,8 @@ def test_a_run_without_a_micro_batch_times_candidates_on_the_gpu(tmp_path, monke
     plan's micro batch is the probe's choice among 4, 16 and 64 rows (64 sequences a step,
     tiny model: all fit), timed with CUDA events; plan.json records it and a second run
     reads it from the cache."""
-    from omnibert.run.pretraining import prepare
-    from omnibert.run.speed_probe import CUDA_TIMING
+    from omnibert.run.pretraining.job import prepare
+    from omnibert.run.sizing.speed_probe import CUDA_TIMING
 
     monkeypatch.setenv("OMNIBERT_CACHE_DIR", str(tmp_path / "cache"))
     overrides = ["experiment=smoke", "accelerator=gpu", "micro_batch_size=null",

@@ -17,13 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from omnibert.apps import export as export_app
 from omnibert.apps.compose import compose
-from omnibert.convert import (
-    ConversionError,
-    export_hf,
-    init_from_hf,
-    load_pretraining_checkpoint,
-    read_hf_config,
-)
+from omnibert.checkpoints.reading import load_pretraining_checkpoint
+from omnibert.convert import ConversionError, export_hf, init_from_hf, read_hf_config
 from omnibert.models import BertConfig, BertForPreTraining
 
 TINY = BertConfig(

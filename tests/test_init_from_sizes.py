@@ -14,12 +14,12 @@ import torch
 from in_process import logging_restored
 
 from omnibert.apps.compose import compose
+from omnibert.checkpoints.init_from import InitFromError
 from omnibert.config import TrainConfig
 from omnibert.config.train import override_keys
 from omnibert.convert import export_hf
 from omnibert.models import BertForPreTraining
-from omnibert.run.init_from import InitFromError
-from omnibert.run.pretraining import prepare
+from omnibert.run.pretraining.job import prepare
 
 QUICK = ("data=generated", "data.num_workers=0", "phase.max_seq_length=32",
          "phase.max_predictions_per_seq=5", "phase.global_batch_size=8", "micro_batch_size=8",

@@ -14,7 +14,7 @@ from finetune_data import mrpc_file
 from omnibert.apps import prepare as prepare_app
 from omnibert.apps.compose import compose
 from omnibert.prepare.text_layout import layout_of, wrap_report, wrapped_warning
-from omnibert.run.finetuning import FEW_STEPS, few_steps_notice
+from omnibert.run.finetuning.job import FEW_STEPS, few_steps_notice
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 
@@ -201,7 +201,7 @@ def test_a_plan_of_few_steps_names_epochs_and_batch_size():
 def test_omnibert_finetune_prints_the_note_with_its_plan(tmp_path, tiny_hf, capsys, monkeypatch):
     """The run as far as its plan (the Trainer is not built): 27 pairs at the task's batch
     of 32 and 3 epochs are 3 steps."""
-    from omnibert.run import finetuning
+    from omnibert.run.finetuning import job as finetuning
 
     class Planned(Exception):
         pass

@@ -23,7 +23,7 @@ from omnibert.accelerators.gpu import GPUPlugin, compile_settings
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.optim import AdamW
-from omnibert.run.kernels import adamw_choice, kernel_choices
+from omnibert.run.pipeline.kernels import adamw_choice, kernel_choices
 from omnibert.tasks.pretraining import PretrainingTask
 
 SMOKE = ("experiment=smoke", "accelerator.threads=1")
@@ -316,7 +316,7 @@ def test_kernel_rows_name_the_triton_lamb_on_a_cuda_device(monkeypatch):
 
 
 def test_lamb_row_follows_the_cpu_size_threshold():
-    from omnibert.run.kernels import lamb_choice
+    from omnibert.run.pipeline.kernels import lamb_choice
 
     cpu = torch.device("cpu")
     assert lamb_choice({}, cpu, 21_000_000).startswith("compiled ")

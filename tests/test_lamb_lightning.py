@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from omnibert.callbacks import CompletedBatchProgress
+from omnibert.checkpoints.resuming import CompletedBatchProgress
 from omnibert.optim import Lamb
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.schedules import PolyWarmupLR

@@ -135,7 +135,7 @@ def test_the_task_hands_fsdp1s_group_to_lamb_or_refuses_micro_batch_clipping(
     from omnibert.apps.compose import compose
     from omnibert.errors import UserError
     from omnibert.optim import sharding
-    from omnibert.run.pretraining import build, prepare
+    from omnibert.run.pretraining.job import build, prepare
 
     group = object()
     monkeypatch.setattr(sharding, "fsdp_shard_group", lambda module: group)

@@ -198,7 +198,7 @@ def test_the_plan_prints_the_optimizer_state_per_rank(tmp_path, compose_config):
     """The line's numbers are the partition of the groups the run's optimiser makes."""
     from omnibert.models import BertForPreTraining
     from omnibert.optim.build import build_optimizer
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     cfg = compose_config(
         "experiment=smoke", f"paths.output_root={tmp_path}", "accelerator.devices=2",

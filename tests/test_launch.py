@@ -15,8 +15,8 @@ import torch
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
-from omnibert.run import memory
-from omnibert.run.pretraining import prepare
+from omnibert.run.pretraining.job import prepare
+from omnibert.run.sizing import memory
 
 TESTS = Path(__file__).parent
 SWEEP = ("model=bert_tiny", "data=generated", "phase.max_steps=2", "phase.global_batch_size=8",

@@ -1,6 +1,7 @@
 """The layout's promises: the training process never imports the offline side (numba, the
-prepare pipeline), accelerator plugins depend only on torch, Lightning and the model, and the
-import graph of omnibert's modules has no circle and no arrow pointing up the layers."""
+prepare pipeline), accelerator plugins depend only on torch, Lightning and the model, the
+import graph of omnibert's modules has no circle and no arrow pointing up the layers, run/'s
+subjects import only the subjects they build on, and no source file passes 450 lines."""
 
 from __future__ import annotations
 
@@ -98,7 +99,17 @@ def test_the_compat_shims_import_only_torch_and_lightning():
 
 @pytest.mark.parametrize(
     "package",
-    ["data", "formats", "models", "packing", "tokenization", "optim", "accelerators", "convert"],
+    [
+        "data",
+        "formats",
+        "models",
+        "packing",
+        "tokenization",
+        "optim",
+        "accelerators",
+        "convert",
+        "checkpoints",
+    ],
 )
 def test_training_side_packages_never_import_the_offline_side(package):
     for path in sorted((SRC / package).rglob("*.py")):
@@ -154,7 +165,8 @@ def _room(module: str) -> str:
 
 #: room -> rooms it must never import: arrows run down, from the apps to what they wire
 BELOW_RUN = ("data", "convert", "tasks", "formats", "models", "packing", "tokenization",
-             "optim", "accelerators", "callbacks", "finetune", "schema", "config")  # fmt: skip
+             "optim", "accelerators", "callbacks", "finetune", "schema", "config",
+             "checkpoints")  # fmt: skip
 FORBIDDEN = {room: ("prepare", "run", "apps") for room in BELOW_RUN} | {"run": ("apps",)}
 
 
@@ -189,3 +201,127 @@ def test_no_import_points_up_the_layers():
         if _room(target) in FORBIDDEN.get(_room(module), ())
     )
     assert upward == [], upward
+
+
+#: the rooms under omnibert, bottom to top: a room imports only itself and the rooms of the
+#: layers below its own (two rooms of one layer never import each other). run/'s subjects are
+#: kept apart by RUN_SUBJECTS.
+LAYERS = (
+    ("omnibert", "stopping", "compat", "logs", "reporting"),  # "omnibert": its __version__
+    ("errors",),
+    ("threads", "paths", "formats", "tokenization", "models", "packing"),
+    ("config", "schema"),
+    ("optim", "finetune", "accelerators", "convert", "data"),
+    ("tasks", "prepare"),
+    ("checkpoints",),
+    ("callbacks",),
+    ("run",),
+    ("apps",),
+)
+LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+#: run/'s subject -> the subjects it may import: the two jobs meet only in the pipeline, sizing
+#: and the pipeline stand on their own, the tools read fine-tuning's inputs and outputs, the
+#: sweep report writes fine-tuning's GLUE table
+RUN_SUBJECTS = {
+    "pipeline": set(),
+    "sizing": set(),
+    "finetuning": {"pipeline"},
+    "launching": {"finetuning"},
+    "tools": {"pipeline", "finetuning"},
+    "pretraining": {"pipeline", "sizing", "launching"},
+}
+#: rooms that may import the offline side (prepare/): the apps, and itself
+OFFLINE_USERS = ("apps", "prepare")
+MAX_LINES = 450
+ROOT = SRC.parents[1]
+
+
+def _subject(module: str) -> str | None:
+    """run/'s subject of a module (``omnibert.run.sizing.memory`` -> ``sizing``), else None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "run" else None
+
+
+def layout_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every arrow of ``graph`` that breaks a rule above, as ``"source -> target"``."""
+    broken = []
+    for module, targets in graph.items():
+        for target in targets:
+            here, there = _room(module), _room(target)
+            up = here != there and LAYER[there] >= LAYER[here]
+            offline = there == "prepare" and here not in OFFLINE_USERS
+            subject, other = _subject(module), _subject(target)
+            apart = subject and other and other != subject and other not in RUN_SUBJECTS[subject]
+            if up or offline or apart:
+                broken.append(f"{module} -> {target}")
+    return sorted(broken)
+
+
+def test_every_room_has_its_layer():
+    rooms = {_room(module) for module in import_graph()}
+    assert rooms == set(LAYER), rooms ^ set(LAYER)
+
+
+def test_the_rooms_import_only_down_and_the_subjects_of_run_stay_apart():
+    """Nothing imports up the layers (checkpoints never import the callbacks, run/ or the
+    apps; data never imports tasks, ...), only the apps import prepare/, and run/'s subjects
+    import only the subjects they build on (sizing never imports fine-tuning, the tools
+    never import launching, the pipeline imports neither job)."""
+    assert layout_violations(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("omnibert.run.sizing.memory", "omnibert.run.finetuning.job"),
+        ("omnibert.run.tools.evaluation", "omnibert.run.launching.sweeps"),
+        ("omnibert.run.pipeline.stages", "omnibert.run.pretraining.job"),
+        ("omnibert.run.finetuning.job", "omnibert.run.pretraining.plan"),
+        ("omnibert.checkpoints.saving", "omnibert.apps.train"),
+        ("omnibert.checkpoints.resuming", "omnibert.callbacks.requeue"),
+        ("omnibert.models.bert", "omnibert.data.collate"),
+        ("omnibert.config.train", "omnibert.schema"),
+        ("omnibert.callbacks.stop", "omnibert.prepare.pipeline"),
+    ],
+)
+def test_each_rule_refuses_an_arrow_that_breaks_it(source, target):
+    graph = import_graph()
+    assert target not in graph[source]  # the code keeps the rule today
+    graph[source] = graph[source] | {target}
+    assert layout_violations(graph) == [f"{source} -> {target}"]
+
+
+SUBJECT_PACKAGES = sorted(
+    [p for p in (SRC / "run").iterdir() if (p / "__init__.py").is_file()] + [SRC / "checkpoints"]
+)
+
+
+def test_run_holds_only_its_subject_packages():
+    assert [p.name for p in (SRC / "run").glob("*.py")] == ["__init__.py"]
+    assert {p.name for p in SUBJECT_PACKAGES if p.parent.name == "run"} == set(RUN_SUBJECTS)
+
+
+@pytest.mark.parametrize("package", SUBJECT_PACKAGES, ids=lambda p: p.name)
+def test_a_subject_package_is_small_and_says_what_it_holds_in_one_line(package):
+    """At most 8 modules; its ``__init__`` is a one-line docstring and nothing else, so
+    importing one module of a subject loads no other."""
+    modules = sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+    assert 1 <= len(modules) <= 8, modules
+    tree = ast.parse((package / "__init__.py").read_text(encoding="utf-8"))
+    docstring = ast.get_docstring(tree) or ""
+    assert docstring and "\n" not in docstring, docstring
+    assert len(tree.body) == 1
+
+
+def files_over(limit: int, paths: list[Path]) -> dict[str, int]:
+    """The files among ``paths`` longer than ``limit`` lines, with their lengths."""
+    lengths = {str(p): len(p.read_text(encoding="utf-8").splitlines()) for p in paths}
+    return {name: n for name, n in lengths.items() if n > limit}
+
+
+def test_no_source_file_passes_450_lines(tmp_path):
+    sources = sorted([*SRC.rglob("*.py"), *(ROOT / "kernels").rglob("*.py")])
+    assert len(sources) > 150 and files_over(MAX_LINES, sources) == {}
+    long = tmp_path / "long.py"  # the check itself sees a file one line too long
+    long.write_text("x = 1\n" * (MAX_LINES + 1), encoding="utf-8")
+    assert files_over(MAX_LINES, [*sources[:3], long]) == {str(long): MAX_LINES + 1}

@@ -14,7 +14,7 @@ from wandb_records import offline_runs
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
-from omnibert.run.sweeps import run_id
+from omnibert.run.launching.sweeps import run_id
 
 TESTS = Path(__file__).parent
 SMOKE = ("experiment=smoke", "callbacks=default", "trainer.enable_progress_bar=false")

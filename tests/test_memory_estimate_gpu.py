@@ -1,7 +1,7 @@
 """The memory estimate of a GPU run counts what CUDA's kernels keep, on the CPU.
 
-``omnibert.run.activation_memory.estimate`` runs the forward on the meta device; for a CUDA run it
-counts SDPA as the fused kernel CUDA runs (q, k, v, output, logsumexp: no ``[B,H,S,S]``
+``omnibert.run.sizing.activation_memory.estimate`` runs the forward on the meta device; for a
+CUDA run it counts SDPA as the fused kernel CUDA runs (q, k, v, output, logsumexp: no ``[B,H,S,S]``
 probabilities), autocast's casts (bf16 matmul outputs) and dropout's one-byte masks. Counted
 like a CPU step instead, BERT-large at seq 512 and micro batch 32 in bf16-mixed came to
 144 GiB, and ``micro_batch_size=32`` was refused on an 80 GB H100 and on a 141 GB H200.
@@ -21,15 +21,15 @@ from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run import activation_memory
-from omnibert.run.activation_memory import (
+from omnibert.run.pretraining.job import prepare
+from omnibert.run.sizing import activation_memory
+from omnibert.run.sizing.activation_memory import (
     Target,
     estimate,
     meta_batch,
     saved_activation_bytes,
     target_kernels,
 )
-from omnibert.run.pretraining import prepare
 
 GiB = 2**30
 LARGE = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,

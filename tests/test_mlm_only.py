@@ -43,7 +43,7 @@ def mlm_only(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     if HAS_FIELD:
         return ["model.config.next_sentence_head=false"]
     from omnibert.models.pretraining import BertForPreTraining
-    from omnibert.run import pretraining as run_pretraining
+    from omnibert.run.pretraining import plan as run_pretraining
     from omnibert.tasks import pretraining as task_module
 
     forward = BertForPreTraining.forward
@@ -203,7 +203,7 @@ def test_modern_quickstart_fits_data_prepared_as_its_comment_says(tmp_path, bert
     docs/modern.md quotes a full run of it."""
     from omnibert.prepare.instances import InstanceSettings
     from omnibert.prepare.pipeline import prepare as prepare_shards
-    from omnibert.run.pretraining import prepare
+    from omnibert.run.pretraining.job import prepare
 
     reference = Path(__file__).parent / "fixtures" / "reference"
     for split, rate, text in (("train", 0.3, "wiki_like.txt"), ("eval", 0.15, "tiny_docs.txt")):

@@ -139,7 +139,7 @@ def test_packed_samples_count_sequences_not_rows(tmp_path):
                  f"data.length_histogram={histogram}", "mlperf.eval_every_samples=100000",
                  "mlperf.submission.division=open"]  # fmt: skip
     cfg = compose("pretrain", overrides)
-    from omnibert.run.pretraining import prepare as prepare_run
+    from omnibert.run.pretraining.job import prepare as prepare_run
 
     datamodule = prepare_run(cfg).datamodule  # the run's own data, read again below
     summary = run_or_exit(cfg, tmp_path / "out")

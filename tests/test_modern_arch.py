@@ -501,7 +501,7 @@ def test_activation_estimate_counts_the_modern_layers():
     """The automatic micro batch's estimate runs the real model on the meta device: a gated
     feed-forward keeps more, a model without position / token-type tables has fewer
     parameters, and rope, alibi and windows run there too."""
-    from omnibert.run.activation_memory import estimate
+    from omnibert.run.sizing.activation_memory import estimate
 
     shapes = {"input_ids": [4, 64], "masked_lm_positions": [4, 10], "nsp_labels": [4, 2]}
     plain = BertConfig(**BASE)

@@ -279,7 +279,7 @@ def test_import_refusals_name_the_fix(tmp_path: Path) -> None:
 
 
 def test_pretraining_init_from_refuses_the_other_family(tmp_path: Path) -> None:
-    from omnibert.run.init_from import InitFromError, plan_pretraining_init
+    from omnibert.checkpoints.init_from import InitFromError, plan_pretraining_init
 
     source = hf_checkpoint(tmp_path / "hf")
     bert = BertConfig(vocab_size=VOCAB, hidden_size=32, num_attention_heads=2).to_dict()

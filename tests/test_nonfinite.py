@@ -215,7 +215,7 @@ def _fp16_run(compose_config, root: Path, monkeypatch, *overrides: str) -> dict:
     precision plugin a GPU run gets, with a CPU ``GradScaler`` whose first scale overflows."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    from omnibert.run.pretraining import build, fit, prepare
+    from omnibert.run.pretraining.job import build, fit, prepare
 
     prepared = prepare(compose_config(*SMOKE, "phase.max_steps=6", *overrides, root=root))
     own = prepared.plugin.trainer_kwargs

@@ -19,7 +19,7 @@ from glue_data import hub_glue_dir
 from omnibert.apps.compose import compose
 from omnibert.finetune import sources
 from omnibert.finetune.tokenizer import FineTuneInputError
-from omnibert.run.finetune_inputs import check_inputs
+from omnibert.run.finetuning.inputs import check_inputs
 
 
 def _closed_port() -> int:

@@ -14,7 +14,7 @@ from omnibert.data.collate import ArrowRows, CollateError, PretrainingCollator, 
 from omnibert.data.packed import PackingSettings, default_predictions_per_pack
 from omnibert.models import BertForPreTraining
 from omnibert.packing.online import best_fit_decreasing, pack_window
-from omnibert.run.plan import batch_plan, packed_batch_plan
+from omnibert.run.pretraining.batches import batch_plan, packed_batch_plan
 
 VOCAB = 61
 S, P, K = 32, 5, 3

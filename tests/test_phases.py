@@ -17,8 +17,8 @@ from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
-from omnibert.run.phases import derive_phases, phase_status
-from omnibert.run.pretraining import build_task, prepare
+from omnibert.run.pretraining.job import build_task, prepare
+from omnibert.run.pretraining.phases import derive_phases, phase_status
 
 TESTS = Path(__file__).parent
 REFERENCE = TESTS / "fixtures" / "reference"

@@ -18,7 +18,9 @@ from omnibert.apps.train import run_or_exit
 from omnibert.config import FinetuneConfig, TrainConfig
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.optim import build as optim_build
-from omnibert.run import checks, finetune_inputs, finetuning
+from omnibert.run.finetuning import inputs as finetune_inputs
+from omnibert.run.finetuning import job as finetuning
+from omnibert.run.pretraining import checks
 from omnibert.tasks import base
 
 

@@ -261,11 +261,11 @@ def test_per_token_logits_are_the_same_at_every_batch_size_and_width(runs, tmp_p
     head gave padding tokens, which depends on the batch's width, and took n-best slots)."""
     import numpy as np
 
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.finetune.batching import TrimPadding
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_eval import logits
-    from omnibert.run.finetune_inputs import task_data
-    from omnibert.run.inference import load_finetuned
+    from omnibert.run.finetuning.inputs import task_data
+    from omnibert.run.finetuning.outputs import logits
 
     run_dir, dev, _ = runs["squad"]
     finetuned = load_finetuned(run_dir)
@@ -306,7 +306,7 @@ CONTEXT = (
 @pytest.fixture
 def seen(monkeypatch):
     """The inputs each prediction read (the dataset the model is given)."""
-    from omnibert.run import predicting
+    from omnibert.run.tools import predicting
 
     got = []
     original = predicting.read_inputs

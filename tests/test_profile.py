@@ -13,8 +13,8 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from omnibert.apps.train import run_or_exit
-from omnibert.run.plan import TrainConfigError
-from omnibert.run.profiling import (
+from omnibert.config import TrainConfigError
+from omnibert.run.launching.profiling import (
     ProfileSettings,
     build_profiler,
     profile_settings,

@@ -23,7 +23,7 @@ from training_state import load_state
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
 from omnibert.errors import UserError
-from omnibert.run.pretraining import prepare
+from omnibert.run.pretraining.job import prepare
 
 #: experiment=smoke: seq 32, global batch 8 = 2 micro-batches of 4, LAMB at the phase's LR
 #: 6e-3 with a 28.43 % warm-up and poly decay (power 0.5); one CPU thread, no loader worker

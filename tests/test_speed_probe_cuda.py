@@ -1,4 +1,4 @@
-"""The micro-batch speed probe on CUDA (omnibert.run.speed_probe), on the CPU: the selection
+"""The micro-batch speed probe on CUDA (omnibert.run.sizing.speed_probe), on the CPU: the selection
 with injected timings (no test here times anything), the stop rules and their reasons, the
 plan's words, a size that runs out of memory, and the cache key naming the GPU. The probe on
 a real GPU is tests/test_gpu_step.py's."""
@@ -13,9 +13,9 @@ import torch
 from test_fast_defaults import SHAPES, TINY, FakeClock
 
 from omnibert.errors import UserError
-from omnibert.run import speed_probe
-from omnibert.run.probe_cache import cache_key
-from omnibert.run.speed_probe import (
+from omnibert.run.sizing import speed_probe
+from omnibert.run.sizing.probe_cache import cache_key
+from omnibert.run.sizing.speed_probe import (
     CUDA_TIMING,
     TooLarge,
     choose_fastest,

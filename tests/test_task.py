@@ -16,13 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omnibert.checkpoints.init_from import InitFromError, plan_pretraining_init
 from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.data.samplers import EvalBatchSampler
 from omnibert.models import BertConfig
 from omnibert.optim.lamb_math import global_grad_norm
-from omnibert.run.init_from import InitFromError, plan_pretraining_init
 from omnibert.tasks.pretraining import (
     PretrainingTask,
     collect_rng_states,

@@ -37,7 +37,7 @@ from omnibert.convert.tf1_bundle import (
 from omnibert.errors import UserError
 from omnibert.formats.example_proto import read_varint
 from omnibert.models import BertForPreTraining
-from omnibert.run.pretraining import build_task, prepare
+from omnibert.run.pretraining.job import build_task, prepare
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1"
 PREFIX = FIXTURE / "model.ckpt-7"

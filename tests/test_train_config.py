@@ -14,20 +14,21 @@ from test_experiments import SMALL
 
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
+from omnibert.checkpoints.resuming import resolve_ckpt_path
+from omnibert.config import TrainConfigError
 from omnibert.errors import UserError
 from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
-from omnibert.run.checkpoints import resolve_ckpt_path
-from omnibert.run.checks import (
+from omnibert.run.pretraining.batches import batch_plan
+from omnibert.run.pretraining.checks import (
     check_optimizer,
     describe_clipping,
     resolve_clipping,
     resolve_vocab_size,
 )
-from omnibert.run.plan import TrainConfigError, batch_plan
-from omnibert.run.pretraining import build, prepare
+from omnibert.run.pretraining.job import build, prepare
 
 REFERENCE = Path(__file__).parent / "fixtures" / "reference"
 GROUPS = (

@@ -11,7 +11,7 @@ import transformers
 from omnibert.apps import export as export_app
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
-from omnibert.convert.hf import model_from_pretraining_checkpoint
+from omnibert.checkpoints.reading import model_from_pretraining_checkpoint
 
 
 def test_trained_checkpoint_exports_to_transformers_with_identical_logits(tmp_path: Path) -> None:

@@ -290,8 +290,8 @@ def test_a_fresh_run_does_not_overwrite_an_earlier_runs_checkpoints(
 
 
 def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, monkeypatch):
-    from omnibert.callbacks import checkpoint_io
-    from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
+    from omnibert.checkpoints import writing
+    from omnibert.checkpoints.writing import AtomicCheckpointIO, CheckpointWriteError
 
     target = tmp_path / "checkpoints" / "last.ckpt"
     io = AtomicCheckpointIO()
@@ -302,7 +302,7 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
         handle.write(b"PK\x03\x04 half a zip file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint_io.torch, "save", dies_halfway)
+    monkeypatch.setattr(writing.torch, "save", dies_halfway)
     with pytest.raises(CheckpointWriteError, match="disk full"):  # the OSError, explained
         io.save_checkpoint({"global_step": 2, "w": torch.zeros(3)}, target)
     assert load_state(target)["global_step"] == 1  # the old checkpoint, whole
@@ -314,7 +314,7 @@ def test_a_checkpoint_write_that_dies_leaves_the_previous_file_intact(tmp_path, 
 
 
 def test_temporaries_of_killed_writers_are_removed_and_checkpoints_kept(tmp_path):
-    from omnibert.run.checkpoints import remove_stale_temporaries
+    from omnibert.checkpoints.resuming import remove_stale_temporaries
 
     (tmp_path / "last.ckpt").write_bytes(b"real")
     (tmp_path / ".last.ckpt.tmp-4242").write_bytes(b"half")

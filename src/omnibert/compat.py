@@ -146,7 +146,7 @@ def seed_everything(seed: int, workers: bool = False) -> int:
 def lightning_resumes_after_batch_end() -> bool:
     """Whether Lightning resumes a checkpoint written in ``on_train_batch_end`` with the
     next batch (2.5 and later: its loops know the restart stage, PR #20379); older versions
-    train that batch index again (:class:`omnibert.callbacks.batch_progress.CompletedBatchProgress`
+    train that batch index again (:class:`omnibert.checkpoints.resuming.CompletedBatchProgress`
     corrects their checkpoints)."""
     from lightning.pytorch.loops import training_epoch_loop
 

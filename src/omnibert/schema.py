@@ -119,9 +119,10 @@ class PretrainConfig:
     seed: int = 12345
     micro_batch_size: Optional[int] = None  # noqa: UP045
     eval_micro_batch_size: Optional[int] = None  # noqa: UP045
-    # share of the device's memory a micro batch the app chooses may use (omnibert.run.memory)
+    # share of the device's memory a micro batch the app chooses may use
+    # (omnibert.run.sizing.memory)
     memory_fraction: float = 0.8
-    # time a few sizes that fit and keep the fastest (omnibert.run.speed_probe)
+    # time a few sizes that fit and keep the fastest (omnibert.run.sizing.speed_probe)
     micro_batch_probe: bool = True
     ckpt_path: Optional[str] = None  # noqa: UP045
     val_every_n_steps: Optional[int] = None  # noqa: UP045
@@ -129,9 +130,10 @@ class PretrainConfig:
     # auto | null | a positive norm
     clip_grad_per_micro_batch: Any = "auto"
     compile_only: bool = False
-    # false | true | a mapping of omnibert.run.profiling.ProfileSettings fields
+    # false | true | a mapping of omnibert.run.launching.profiling.ProfileSettings fields
     profile: Any = False
-    # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}} (run/phases.py)
+    # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}}
+    # (run/pretraining/phases.py)
     phases: Optional[dict[str, Any]] = None  # noqa: UP045
     # MLPerf mode (phase=mlperf); null: off
     mlperf: Optional[MLPerfNode] = None  # noqa: UP045

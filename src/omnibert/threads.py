@@ -3,8 +3,9 @@
 PyTorch starts one OpenMP thread per core it counts, and by default those threads spin
 while they wait for each other. When another process takes a core (a second job, a
 compiler, another user on a shared box), every parallel region ends waiting for the thread
-whose core was taken, while the others spin: the demo fell from 186 to 12 sequences/s with
-one competing process on two cores. So:
+whose core was taken, while the others spin: the demo loses most of its speed to one
+competing process on two cores (docs/accelerators/cpu.md, ``scripts/bench_shared_cpu.py``).
+So:
 
 * the thread count comes from the CPUs this process may really use: its affinity mask
   (``os.sched_getaffinity``, what ``taskset``/SLURM/docker ``--cpuset-cpus`` restrict), the
@@ -12,10 +13,10 @@ one competing process on two cores. So:
   docker ``--cpus``, Kubernetes limits), shared by the training processes of this node.
   Loader worker processes are subtracted only for the cores they really use: a worker
   collating pre-tokenised rows (Arrow shards, packed or not, and generated rows) spends
-  :data:`LOADER_SECONDS_PER_ROW` of one core per row (measured: 55-80 µs), about 1 % of a
-  core at the demo's 150 rows/s, so on a CPU the workers are not subtracted unless the model
-  runs so many rows per second that they need half a core or more (:func:`worker_cores`;
-  subtracting them anyway cost the demo a quarter of its speed on 2 cores);
+  :data:`LOADER_SECONDS_PER_ROW` of one core per row, a small share of a core at the rates
+  a CPU trains at, so on a CPU the workers are not subtracted unless the model runs so many
+  rows per second that they need half a core or more (:func:`worker_cores`; subtracting them
+  anyway costs a 2-core run one of its two threads for nothing);
 * the wait policy: ``OMP_WAIT_POLICY=PASSIVE`` (and ``KMP_BLOCKTIME=0`` for Intel's
   OpenMP) makes waiting threads sleep instead of spin. OpenMP runtimes read these when they
   load, i.e. when torch is imported: ``omnibert-train`` sets them right after its config is
@@ -46,9 +47,9 @@ __all__ = [
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-#: one core's seconds a loader worker spends per training row: the most measured over Arrow
-#: rows (55 µs), online-packed Arrow rows (62 µs) and generated rows (78 µs), bert-tiny's
-#: seq-128 shapes, one thread (docs/pretraining/cpu.md)
+#: one core's seconds a loader worker spends per training row: the most of Arrow rows,
+#: online-packed Arrow rows and generated rows, bert-tiny's seq-128 shapes, one thread
+#: (docs/accelerators/cpu.md has each)
 LOADER_SECONDS_PER_ROW = 80e-6
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 WAIT_POLICIES = ("passive", "active")
@@ -142,7 +143,7 @@ def usable_cpus(
 def worker_cores(num_workers: int, rows_per_second: float | None) -> float:
     """The cores ``num_workers`` loader workers keep busy feeding ``rows_per_second`` training
     rows (:data:`LOADER_SECONDS_PER_ROW` each), at most one each; without a rate, the rate of
-    the smallest preset on a CPU (about 150 rows/s: bert-tiny, 2 cores)."""
+    the smallest preset on a CPU (bert-tiny, 2 cores: docs/accelerators/cpu.md)."""
     if num_workers <= 0:
         return 0.0
     rate = 150.0 if rows_per_second is None else max(0.0, rows_per_second)

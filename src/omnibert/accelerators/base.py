@@ -343,7 +343,7 @@ class AcceleratorPlugin:
     # ------------------------------------------------------------------ report
     def kernels(self) -> dict[str, str]:
         """What this backend runs the step with, as ``{what: choice}`` rows for the plan
-        (``omnibert.run.kernels`` adds precision, attention and the optimiser's kernel)."""
+        (``omnibert.run.pipeline.kernels`` adds precision, attention and the optimiser's kernel)."""
         if not getattr(self, "compile", False):
             return {"compile": "off (eager)"}
         options = dict(getattr(self, "compile_options", {}) or {})

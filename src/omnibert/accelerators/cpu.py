@@ -23,13 +23,13 @@ __all__ = ["CPUPlugin", "compile_in_place"]
 
 
 #: ``accelerator.compile=auto`` on a CPU: seconds a cold compile of bert-tiny's training step
-#: took on 2 cores (the demo: 37 s; 4 s with a warm inductor cache), scaled by layers / 2
+#: takes on 2 cores (a warm inductor cache takes a fraction of it), scaled by layers / 2; the
+#: timing is docs/accelerators/cpu.md's
 COMPILE_SECONDS_PER_2_LAYERS = 37.0
-#: ... and compile only where the run is projected to last this many compile times: the
-#: compiled step measured from no faster (the demo, micro batch 32: 210/220 against 206/220
-#: sequences/s) to 1.18x faster (the README's command, micro batch 256, 30,522-token vocab:
-#: 144/142 against 121/118), so a run this long loses at most 1/20 to compiling and gains
-#: where the larger steps fuse (docs/accelerators/cpu.md)
+#: ... and compile only where the run is projected to last this many compile times: on a CPU
+#: the compiled step gains nothing on small steps and a little where larger steps fuse
+#: (docs/accelerators/cpu.md has the timings), so a run this long loses at most 1/20 to
+#: compiling and keeps what the fusion gains
 COMPILE_PAYS_AFTER = 20.0
 
 

@@ -1,12 +1,12 @@
 """Whether this CPU runs bf16 natively, and what a bf16 matmul costs here.
 
 PyTorch's bf16 kernels are fast on x86 CPUs with AVX512-BF16 or AMX-BF16 instructions. On
-one without them (say an AVX2 laptop) bf16 is emulated: a 2048×2048 bf16 matmul was
-measured at over 100 s where fp32 took 0.19 s, so ``trainer=bf16`` on such a CPU does not
+one without them (say an AVX2 laptop) bf16 is emulated, orders of magnitude slower than fp32
+(docs/accelerators/cpu.md has a matmul's timing), so ``trainer=bf16`` on such a CPU does not
 train slowly, it does not train. :func:`cpu_bf16_support` reads the instruction flags
 torch detected (``torch.backends.cpu.get_cpu_capability()`` names only the vector width,
-``AVX512`` with or without BF16) and times a small bf16 and fp32 matmul (well under a
-second even where bf16 is emulated), so a refusal can say what was measured.
+``AVX512`` with or without BF16) and times a bf16 and an fp32 matmul small enough to be quick
+even where bf16 is emulated, so a refusal can say what this CPU did.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class GPUPlugin(AcceleratorPlugin):
         from lightning.pytorch.strategies import FSDPStrategy
 
         from omnibert.accelerators.ddp import mpi_environment
-        from omnibert.models.bert import BertLayer
+        from omnibert.models.layers import BertLayer
 
         options = dict(self.fsdp)
         checkpointing = bool(options.pop("activation_checkpointing", False))

@@ -118,8 +118,8 @@ def check_launch_layout(
     """The launch (:func:`detect_launcher`); :class:`LaunchError` in one sentence when
     torchrun or mpirun started another number of processes than ``accelerator.devices`` per
     node × ``accelerator.num_nodes`` (Lightning would stop later, inside the Trainer, with a
-    traceback, or hang). SLURM is checked by :mod:`omnibert.run.slurm`; an IPU run is one host
-    process for all its replicas."""
+    traceback, or hang). SLURM is checked by :mod:`omnibert.run.launching.slurm`; an IPU run is one
+    host process for all its replicas."""
     launch = detect_launcher(devices, num_nodes, environ)
     if launch.name not in ("torchrun", "mpirun (Open MPI)"):
         return launch

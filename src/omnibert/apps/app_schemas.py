@@ -5,7 +5,7 @@ naming the key); :func:`check_prepare` checks ``omnibert-prepare``'s ranges befo
 other apps' ranges are checked by their typed configs, :mod:`omnibert.config`).
 
 Groups that are ``_target_`` nodes (accelerator, data, optimizer, schedule, task, trainer,
-logger) are left open here: :mod:`omnibert.run.target_types` checks their keys against the
+logger) are left open here: :mod:`omnibert.run.pipeline.target_types` checks their keys against the
 signature of what they build.
 """
 
@@ -175,7 +175,7 @@ class FinetuneModelNode:
 @dataclass
 class FinetuneConfig:
     """The root of ``conf/finetune.yaml`` (its ranges: :class:`omnibert.config.FinetuneConfig`;
-    the task's recipe: :func:`omnibert.run.finetune_inputs.check_inputs`)."""
+    the task's recipe: :func:`omnibert.run.finetuning.inputs.check_inputs`)."""
 
     paths: Any = MISSING
     accelerator: Any = MISSING

@@ -23,15 +23,15 @@ _REGISTERED = False
 
 def register() -> None:
     """Put the structured configs (:mod:`omnibert.schema`) in Hydra's ConfigStore and the
-    config resolvers (:mod:`omnibert.run.sweeps`) in OmegaConf (idempotent); every app calls
-    it before composing."""
+    config resolvers (:mod:`omnibert.run.launching.sweeps`) in OmegaConf (idempotent); every app
+    calls it before composing."""
     global _REGISTERED
     if _REGISTERED:
         return
     from hydra.core.config_store import ConfigStore
 
     from omnibert.apps.app_schemas import SCHEMAS
-    from omnibert.run.sweeps import register_resolvers
+    from omnibert.run.launching.sweeps import register_resolvers
     from omnibert.schema import PackNode, PretrainConfig
 
     register_resolvers()

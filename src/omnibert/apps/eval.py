@@ -1,6 +1,6 @@
 """``omnibert-eval``: masked-LM (and, with that head, next-sentence) accuracy of any checkpoint on a prepared eval
-set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.evaluation.evaluate`, then print and
-write the report."""
+set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.tools.evaluation.evaluate_pretrained`,
+then print and write the report."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     if cfg.get("out"):  # before the evaluation, not after it
         check_writable_file(str(cfg.out), "out")
     config = EvalConfig.of(cfg, TrainConfigError)  # every range, before torch is imported
-    from omnibert.run.evaluation import evaluate
+    from omnibert.run.tools.evaluation import evaluate_pretrained
 
-    report = evaluate(config, output_dir)
+    report = evaluate_pretrained(config, output_dir)
     paths = [] if output_dir is None else [output_dir / "eval.json"]
     if config.out:
         paths.append(Path(config.out))

@@ -5,13 +5,13 @@
   TensorFlow 1 checkpoint with its ``bert_config.json``) → ``BertForMaskedLM`` (``heads=mlm``,
   the default) or ``BertForPreTraining`` (``heads=pretraining``), or
   ``ModernBertForMaskedLM`` for a model of the ModernBERT family
-  (:func:`omnibert.run.exporting.export_pretrained`; another architecture is refused);
+  (:func:`omnibert.run.tools.exporting.export_pretrained`; another architecture is refused);
 * an ``omnibert-finetune`` run (its directory or ``.ckpt``) → ``BertForQuestionAnswering``
   (SQuAD) or ``BertForSequenceClassification`` (GLUE) with its tokenizer files
-  (:func:`omnibert.run.inference.export_hf_finetuned`).
+  (:func:`omnibert.run.tools.exporting.export_hf_finetuned`).
 
 Wiring only: compose the config, tell the kind
-(:func:`omnibert.convert.checkpoints.checkpoint_kind`), export.
+(:func:`omnibert.checkpoints.reading.checkpoint_kind`), export.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.ckpt_files import saved_step
-from omnibert.convert.checkpoints import checkpoint_kind
-from omnibert.convert.hf import ConversionError, model_from_pretraining_checkpoint
+from omnibert.checkpoints.files import saved_step
+from omnibert.checkpoints.reading import checkpoint_kind, model_from_pretraining_checkpoint
+from omnibert.convert.hf import ConversionError
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import vocab_is_uncased
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
-from omnibert.run.exporting import Pretrained, checked_vocab, export_pretrained
+from omnibert.run.tools.exporting import Pretrained, checked_vocab, export_pretrained
 
 register()
 
@@ -94,7 +94,8 @@ def _kind(cfg: DictConfig) -> str:
 
 
 def _export_finetuned(cfg: DictConfig) -> None:
-    from omnibert.run.inference import export_hf_finetuned, load_finetuned
+    from omnibert.checkpoints.reading import load_finetuned
+    from omnibert.run.tools.exporting import export_hf_finetuned
 
     if cfg.bert_config is not None:
         raise ConversionError(

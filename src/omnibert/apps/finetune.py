@@ -1,7 +1,7 @@
 """``omnibert-finetune``: SQuAD v1.1 and GLUE fine-tuning, configured by
 ``conf/finetune.yaml`` (the task's recipe, data and metrics in ``conf/task/<name>.yaml``).
 
-Wiring only (the steps live in :mod:`omnibert.run.finetuning`, which tests call too): check
+Wiring only (the steps live in :mod:`omnibert.run.finetuning.job`, which tests call too): check
 the command line, the config and the data files before any heavy import (one sentence and
 exit code 2 on a problem) → load the checkpoint's encoder, fit, predict the eval splits →
 print and write ``summary.json`` (+ ``eval/``, ``submission/``) in the run directory.
@@ -32,11 +32,11 @@ OUTPUT_KEYS = ("paths.output_root",)
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Fine-tune as configured; returns the summary (also written to the run directory)."""
-    from omnibert.run.finetune_inputs import check_inputs
+    from omnibert.run.finetuning.inputs import check_inputs
 
     config = FinetuneConfig.of(cfg, FineTuneInputError)  # every range
     inputs = check_inputs(config)  # config and data files, before torch and Lightning load
-    from omnibert.run.finetuning import run as run_finetuning
+    from omnibert.run.finetuning.job import run as run_finetuning
 
     summary = run_finetuning(inputs)
     if summary:

@@ -1,14 +1,14 @@
 """``omnibert-predict``: predictions of any fine-tuned run, and the masked words of a
 pretrained model (``conf/predict.yaml``).
 
-Wiring only. A pretrained model (:func:`omnibert.run.fill_mask.masked_lm_path`): read the
+Wiring only. A pretrained model (:func:`omnibert.run.tools.fill_mask.masked_lm_path`): read the
 texts, load the model and its tokenizer, the top-k tokens per ``[MASK]``
-(:mod:`omnibert.run.fill_mask`). A fine-tuned run: load its checkpoint, its task's data spec and vocab
-(:func:`omnibert.run.inference.load_finetuned`), read and check the inputs
-(:mod:`omnibert.run.predicting`), predict with the task's own features and post-processing
-(:func:`omnibert.run.finetune_eval.predict_outputs`), write JSON Lines (one record per input) to
-``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``);
-with a labelled file, print the task's metrics.
+(:mod:`omnibert.run.tools.fill_mask`). A fine-tuned run: load its checkpoint, its task's data spec
+and vocab (:func:`omnibert.checkpoints.reading.load_finetuned`), read and check the inputs
+(:mod:`omnibert.run.tools.predicting`), predict with the task's own features and post-processing
+(:func:`omnibert.run.finetuning.outputs.predict_outputs`), write JSON Lines (one record per input)
+to ``out`` or print them (one input on the command line, or ``input_file=-`` without ``out``); with
+a labelled file, print the task's metrics.
 
 Text is not configuration: ``question=``, ``context=``, ``text=`` and ``text_pair=`` are taken
 out of the command line before Hydra parses it (:func:`split_text_arguments`), so their
@@ -36,7 +36,7 @@ from omnibert.config.tools import PredictConfig
 from omnibert.errors import exit_on
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
-from omnibert.run.predicting import STDIN
+from omnibert.run.tools.predicting import STDIN
 
 register()
 
@@ -78,16 +78,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise FineTuneInputError("input_file= needs out=<predictions.jsonl>; set out.")
     if config.out:
         check_writable_file(config.out, "out")
-    from omnibert.run.fill_mask import masked_lm_path
+    from omnibert.run.tools.fill_mask import masked_lm_path
 
     pretrained = masked_lm_path(config.ckpt)
     if pretrained is not None:
         return _fill_mask(config, pretrained)
     from omnibert.accelerators import build_plugin
+    from omnibert.checkpoints.reading import load_finetuned
     from omnibert.finetune.tokenizer import build_tokenizer
-    from omnibert.run.finetune_inputs import task_data
-    from omnibert.run.inference import load_finetuned
-    from omnibert.run.predicting import check_task, predict_records, read_inputs
+    from omnibert.run.finetuning.inputs import task_data
+    from omnibert.run.tools.predicting import check_task, predict_records, read_inputs
 
     finetuned = load_finetuned(config.ckpt)
     recipe = dict(finetuned.recipe)
@@ -111,9 +111,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _fill_mask(config: PredictConfig, path: Path) -> dict[str, Any]:
-    """Masked words from a pretrained model (:mod:`omnibert.run.fill_mask`)."""
+    """Masked words from a pretrained model (:mod:`omnibert.run.tools.fill_mask`)."""
     from omnibert.accelerators import build_plugin
-    from omnibert.run.fill_mask import fill_mask_records, load_masked_lm, read_texts
+    from omnibert.run.tools.fill_mask import fill_mask_records, load_masked_lm, read_texts
 
     if config.task_name and config.task_name != "fill-mask":
         raise FineTuneInputError(

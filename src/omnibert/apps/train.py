@@ -1,6 +1,6 @@
 """``omnibert-train``: BERT pretraining with Lightning, configured by ``conf/pretrain.yaml``.
 
-Wiring only (the steps live in :mod:`omnibert.run.pretraining`, which tests call too): prepare
+Wiring only (the steps live in :mod:`omnibert.run.pretraining.job`, which tests call too): prepare
 the run (every check before compute; one sentence and exit code 2 on a problem) → print and
 save the plan and the environment report → ``compile_only``: report and stop; otherwise
 build the task and the Trainer → fit → a final validation on the whole eval set → print and
@@ -31,12 +31,13 @@ OUTPUT_KEYS = ("paths.output_root", "paths.checkpoint_dir", "paths.log_dir")
 
 def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """Train as configured (one phase, or each of ``phases`` in turn: see
-    :mod:`omnibert.run.phases`); returns the summary (also written to ``output_dir``)."""
+    :mod:`omnibert.run.pretraining.phases`); returns the summary (also written to ``output_dir``).
+    """
     from omnibert import stopping
 
     stopping.set_context(" before training started")
     if cfg.get("phases"):
-        from omnibert.run.phases import run_phases
+        from omnibert.run.pretraining.phases import run_phases
 
         try:
             summary = run_phases(cfg, output_dir, run_phase)
@@ -59,12 +60,12 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
 
 def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """One training run (one phase; typed by :func:`run` or, one of several, by
-    :func:`omnibert.run.phases.run_phases`)."""
+    :func:`omnibert.run.pretraining.phases.run_phases`)."""
     config = cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
     from omnibert import stopping
     from omnibert.accelerators.environment import format_report
-    from omnibert.run.pipeline import build_loggers, finish_loggers
-    from omnibert.run.pretraining import build, facts, fit, prepare
+    from omnibert.run.pipeline.builders import build_loggers, finish_loggers
+    from omnibert.run.pretraining.job import build, fit, logged_hyperparameters, prepare
 
     prepared = prepare(config)
     stopping.set_context(
@@ -81,10 +82,10 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())
         _write_json(output_dir / "environment.json", prepared.environment)
     if config.compile_only:  # build, compile and time one step; report; no training
-        from omnibert.run.compile_only import compile_only, report_metrics
+        from omnibert.run.sizing.compile_only import compile_only, report_metrics
 
         report = compile_only(prepared, output_dir)
-        loggers = build_loggers(config.loggers, facts(prepared))
+        loggers = build_loggers(config.loggers, logged_hyperparameters(prepared))
         for logger in loggers:
             logger.log_metrics(report_metrics(report), step=0)
             logger.save()

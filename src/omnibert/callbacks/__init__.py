@@ -1,22 +1,16 @@
-"""Lightning callbacks and plugins omnibert needs that Lightning does not ship.
+"""Lightning callbacks omnibert needs that Lightning does not ship: throughput and MFU,
+progress lines, MLPerf logging, the safe stop, the non-finite step policy, the requeue at a
+time limit. The checkpoint callback lives with the rest of the checkpoint code
+(:mod:`omnibert.checkpoints`) and is named here too, as the configs name it
+(``callbacks.checkpoint._target_: omnibert.callbacks.PretrainingCheckpoint``).
 
 * :class:`~omnibert.callbacks.throughput.PretrainingThroughput`: samples, real tokens,
   real sequences per second, FLOPs and MFU.
-* :class:`~omnibert.callbacks.checkpoint_io.AtomicCheckpointIO`: write-then-rename checkpoints.
-* :class:`~omnibert.callbacks.checkpoint.PretrainingCheckpoint`: ``ModelCheckpoint`` that
+* :class:`~omnibert.checkpoints.saving.PretrainingCheckpoint`: ``ModelCheckpoint`` that
   also saves the final step.
-* :class:`~omnibert.callbacks.batch_progress.CompletedBatchProgress`: checkpoints written in
-  ``on_train_batch_end`` by Lightning < 2.5 resume with the next batch.
 """
 
-from omnibert.callbacks.batch_progress import CompletedBatchProgress
-from omnibert.callbacks.checkpoint import PretrainingCheckpoint
-from omnibert.callbacks.checkpoint_io import AtomicCheckpointIO
 from omnibert.callbacks.throughput import PretrainingThroughput
+from omnibert.checkpoints.saving import PretrainingCheckpoint
 
-__all__ = [
-    "AtomicCheckpointIO",
-    "CompletedBatchProgress",
-    "PretrainingCheckpoint",
-    "PretrainingThroughput",
-]
+__all__ = ["PretrainingCheckpoint", "PretrainingThroughput"]

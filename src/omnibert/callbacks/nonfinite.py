@@ -37,7 +37,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from omnibert.callbacks.saving import save_now
+from omnibert.checkpoints.saving import save_now
 from omnibert.errors import RunFailed
 from omnibert.optim.nonfinite import first_nonfinite_gradient, guard, mark_pending, skipped
 
@@ -119,7 +119,7 @@ class NonFiniteSteps(pl.Callback):
         else:
             self._skipped(trainer, pl_module, step)
         every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
-        if trainer.loggers and every > 0 and step % every == 0:  # (log() costs ~0.3 ms)
+        if trainer.loggers and every > 0 and step % every == 0:  # log() is not free
             pl_module.log("train/nonfinite_steps", float(self.skipped_steps), on_step=True)
 
     def _skipped(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:

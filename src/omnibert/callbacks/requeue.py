@@ -8,10 +8,9 @@ duration of ``fit``: it only notes it, lets the current optimiser step finish, w
 any checkpoint of the run) with ``resume.json`` beside it, and then hands the signal to
 submitit's handler, which requeues the job with its original command. The requeued job finds
 ``resume.json`` and resumes from that checkpoint with exactly the next batch
-(:func:`omnibert.run.checkpoints.resolve_ckpt_path`); the file goes when the run finishes. Under
-several processes every rank learns of the signal at the same step (one all-reduce per step).
-Outside submitit the callback does nothing.
-"""
+(:func:`omnibert.checkpoints.resuming.resolve_ckpt_path`); the file goes when the run finishes.
+Under several processes every rank learns of the signal at the same step (one all-reduce per step).
+Outside submitit the callback does nothing."""
 
 from __future__ import annotations
 
@@ -24,12 +23,9 @@ from typing import Any
 import lightning.pytorch as pl
 
 from omnibert.callbacks.stop import SignalAtStepEnd
+from omnibert.checkpoints.resuming import RESUME_FILE
 
-__all__ = ["RESUME_FILE", "CheckpointOnSignal", "submitit_signal"]
-
-#: written next to last.ckpt by a run stopped at its time limit; the requeued run resumes
-#: from that checkpoint (omnibert.run.checkpoints.resolve_ckpt_path)
-RESUME_FILE = "resume.json"
+__all__ = ["CheckpointOnSignal", "submitit_signal"]
 
 
 def submitit_signal() -> int | None:

@@ -49,8 +49,8 @@ import lightning.pytorch as pl
 import torch
 
 from omnibert import stopping
-from omnibert.callbacks.batch_progress import CompletedBatchProgress
-from omnibert.callbacks.saving import save_now
+from omnibert.checkpoints.resuming import CompletedBatchProgress
+from omnibert.checkpoints.saving import save_now
 from omnibert.tasks.pretraining import collect_rng_states, restore_rng_states
 
 __all__ = ["SignalAtStepEnd", "StopAtSafePoint"]

@@ -1,6 +1,6 @@
 """``omnibert-finetune``'s config, typed: built once from the composed config, frozen, every
 range checked beside its field (the task's recipe against its data is checked with the data:
-:func:`omnibert.run.finetune_inputs.check_inputs`)."""
+:func:`omnibert.run.finetuning.inputs.check_inputs`)."""
 
 from __future__ import annotations
 

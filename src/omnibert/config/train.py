@@ -146,7 +146,8 @@ class TrainConfig:
     ) -> TrainConfig:
         """This run started from other weights: ``phase.init_from=init_from`` (and
         ``model.init_from`` kept or, ``model_init=False``, cleared), resumed from
-        ``ckpt_path``. What a later phase of a multi-phase run is given (run/phases.py)."""
+        ``ckpt_path``. What a later phase of a multi-phase run is given (run/pretraining/phases.py).
+        """
         raw = copy.deepcopy(dict(self.raw))
         raw["phase"]["init_from"] = init_from
         raw["ckpt_path"] = ckpt_path

@@ -1,13 +1,11 @@
-"""Checkpoint conversion: Hugging Face BERT import/export, omnibert Lightning checkpoints, and
-Google / MLPerf TensorFlow 1 checkpoints read without TensorFlow (:mod:`~omnibert.convert.tf1`,
+"""Checkpoint conversion: Hugging Face BERT import/export and Google / MLPerf TensorFlow 1
+checkpoints read without TensorFlow (:mod:`~omnibert.convert.tf1`,
 :mod:`~omnibert.convert.tf1_bundle`)."""
 
 from omnibert.convert.hf import (
     ConversionError,
     ImportReport,
     init_from_hf,
-    load_pretraining_checkpoint,
-    model_from_pretraining_checkpoint,
     read_hf_config,
 )
 from omnibert.convert.hf_export import export_hf
@@ -34,9 +32,7 @@ __all__ = [
     "export_hf",
     "init_from_hf",
     "is_tf1_checkpoint",
-    "load_pretraining_checkpoint",
     "load_tf1_into",
-    "model_from_pretraining_checkpoint",
     "model_from_tf1",
     "read_bert_config",
     "read_hf_config",

@@ -1,4 +1,4 @@
-"""Hugging Face BERT checkpoints in and out, and reading omnibert's Lightning checkpoints.
+"""Hugging Face BERT checkpoints in and out.
 
 * :func:`init_from_hf` loads a ``BertForPreTraining`` or bare ``BertModel`` checkpoint directory
   (``model.safetensors`` or ``pytorch_model.bin``, sharded or not) into our model; the real
@@ -8,7 +8,8 @@
   also holds its task head (``qa_outputs.*`` / ``classifier.*``): :attr:`ImportReport.task_head`
   hands it to fine-tuning, which keeps it when it is the task's head.
 * :func:`~omnibert.convert.hf_export.export_hf` (its own module) writes the other way.
-* :func:`load_pretraining_checkpoint` reads a Lightning checkpoint of the pretraining task.
+
+omnibert's own Lightning checkpoints are read by :mod:`omnibert.checkpoints.reading`.
 
 Models of the ModernBERT family go through the same functions: ``export_hf`` writes them as
 ``ModernBertForMaskedLM`` and :func:`init_from_hf` reads a ModernBERT directory
@@ -19,7 +20,6 @@ Models of the ModernBERT family go through the same functions: ``export_hf`` wri
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from omnibert.ckpt_files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
 from omnibert.errors import UserError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
@@ -40,8 +39,6 @@ VOCAB_KEYS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias")
 HEADS = ("bert.pooler", "cls.predictions", "cls.seq_relationship")
 #: The fine-tuning heads of Hugging Face's BertForQuestionAnswering / ...SequenceClassification.
 TASK_HEADS = ("qa_outputs", "classifier")
-#: What the pretraining loaders ask for; an app that takes more kinds names them instead.
-PRETRAINING_CHECKPOINT = "a checkpoint written by omnibert-train's pretraining task"
 _BUFFER_SUFFIXES = ("position_ids", "token_type_ids")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -303,86 +300,3 @@ def _init_from_modernbert(
             vocab_rows = name in (*VOCAB_KEYS, "cls.predictions.decoder.weight")
             (target[:vocab] if vocab_rows else target).copy_(tensor)
     return ImportReport(source=str(path), loaded=sorted(updates), missing=missing, ignored=ignored)
-
-
-def _directory_message(path: Path) -> str:
-    """What to pass instead of a directory: the checkpoints in it (or its checkpoints/)."""
-    found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
-    if not found:
-        return (
-            f"ckpt={path} is a directory and holds no .ckpt file; pass ckpt= with a checkpoint "
-            "file, e.g. <run>/checkpoints/last.ckpt."
-        )
-    best = next((f for f in found if f.name == "last.ckpt"), found[-1])
-    names = ", ".join(str(f.relative_to(path)) for f in found[:8])
-    more = ", ..." if len(found) > 8 else ""
-    return (
-        f"ckpt={path} is a directory; pass one checkpoint file in it, e.g. ckpt={best} "
-        f"(it holds {names}{more})."
-    )
-
-
-def load_pretraining_checkpoint(
-    ckpt_path: str | Path, key: str = "ckpt", wanted: str = PRETRAINING_CHECKPOINT
-) -> tuple[BertConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """``(config, model state dict, hyper-parameters)`` of a pretraining Lightning checkpoint.
-
-    The checkpoint holds ``hyper_parameters['model_config']`` (the :class:`BertConfig` fields)
-    and ``state_dict`` keys ``'model.' + <parameter name>``. ``key`` is the setting that named
-    it (``ckpt``, ``model.init_from``), for the messages: a file torch cannot load is called
-    damaged, with the intact checkpoint beside it (:mod:`omnibert.ckpt_files`); a file that is
-    not a pretraining checkpoint is refused with "pass ``wanted``" (what the caller takes).
-    """
-    path = Path(ckpt_path)
-    if path.is_dir():
-        raise ConversionError(_directory_message(path))
-    if not path.is_file():
-        raise ConversionError(f"checkpoint {path} does not exist; pass ckpt= with a .ckpt file.")
-    try:
-        ckpt = load_checkpoint(path)
-    except Exception as err:
-        raise ConversionError(unreadable_checkpoint(key, path, err)) from err
-    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
-    if not isinstance(hparams, Mapping) or "model_config" not in hparams:
-        raise ConversionError(
-            f"checkpoint {path} is not an omnibert checkpoint (it has no "
-            f"hyper_parameters['model_config']); pass {wanted}."
-        )
-    try:
-        config = BertConfig.from_dict(hparams["model_config"])
-    except (BertConfigError, TypeError) as err:
-        raise ConversionError(f"checkpoint {path} has an unusable model_config: {err}") from err
-    state = {
-        key.removeprefix("model."): value
-        for key, value in ckpt.get("state_dict", {}).items()
-        if key.startswith("model.")
-    }
-    with torch.device("meta"):  # shapes only: no memory, no init cost
-        expected = BertForPreTraining(config).state_dict()
-    absent = [k for k in expected if k not in state and k not in TIED_KEYS]
-    extra = [k for k in state if k not in expected]
-    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    if absent or extra or wrong:
-        if absent:
-            detail = f"missing {absent[0]}"
-        elif extra:
-            detail = f"unexpected {extra[0]}"
-        else:
-            shape, needed = tuple(state[wrong[0]].shape), tuple(expected[wrong[0]].shape)
-            detail = f"{wrong[0]} has shape {shape}, the config needs {needed}"
-        raise ConversionError(
-            f"checkpoint {path} does not hold the model its model_config describes ({detail}); "
-            f"pass {wanted}."
-        )
-    return config, state, dict(hparams)
-
-
-def model_from_pretraining_checkpoint(
-    ckpt_path: str | Path, key: str = "ckpt", wanted: str = PRETRAINING_CHECKPOINT
-) -> tuple[BertForPreTraining, dict[str, Any]]:
-    """A :class:`BertForPreTraining` with the checkpoint's weights, and its hyper-parameters
-    (``key``: the setting that named it, ``wanted``: what to pass instead, for messages)."""
-    config, state, hparams = load_pretraining_checkpoint(ckpt_path, key, wanted)
-    model = BertForPreTraining(config)
-    model.load_state_dict(state, strict=False)
-    return model, hparams

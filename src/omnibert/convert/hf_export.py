@@ -4,14 +4,14 @@ It writes ``model.safetensors`` + ``config.json`` + ``vocab.txt`` that
 ``transformers.BertForPreTraining.from_pretrained`` loads with no missing or unexpected key
 (by default), and on request the tokenizer files (:mod:`omnibert.convert.hub_tokenizer`) and a
 model card (``README.md``, :mod:`omnibert.convert.model_card`): what ``omnibert-export``
-writes (:mod:`omnibert.run.exporting`). The vocab padding rows are stripped (``vocab_size`` =
+writes (:mod:`omnibert.run.tools.exporting`). The vocab padding rows are stripped (``vocab_size`` =
 the real vocab). The tied decoder tensors (``cls.predictions.decoder.weight``/``.bias`` are
 the word embedding and ``cls.predictions.bias``) are not written, exactly as
 ``save_pretrained`` does, because safetensors refuses shared tensors; ``from_pretrained``
 ties them again. Another Hugging Face class goes out through the same function with its own
 ``config.json`` and the modules that class lacks left out: ``BertForMaskedLM`` (no pooler, no
 next-sentence head), the fine-tuned task models of :mod:`omnibert.models.heads`
-(:func:`omnibert.run.inference.export_hf_finetuned`). A model of the ModernBERT family is
+(:func:`omnibert.run.tools.exporting.export_hf_finetuned`). A model of the ModernBERT family is
 written as ``ModernBertForMaskedLM`` (:mod:`omnibert.convert.modernbert`); one of neither
 family is refused before any file.
 """

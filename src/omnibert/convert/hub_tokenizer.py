@@ -1,5 +1,5 @@
 """The tokenizer files of a Hugging Face export, and the same tokenizer for omnibert's own
-masked-word predictions (:mod:`omnibert.run.fill_mask`).
+masked-word predictions (:mod:`omnibert.run.tools.fill_mask`).
 
 * ``tokenizer.json``: a fast WordPiece tokenizer built with the ``tokenizers`` library from
   the run's ``vocab.txt`` (the reference's reading of it: :class:`~omnibert.tokenization.vocab.

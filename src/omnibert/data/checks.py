@@ -162,10 +162,9 @@ def repair_hint(split: Split) -> str:
 
 
 #: ``data.verify_checksums=auto`` reads the CRC-32C of a split whose Arrow files hold at
-#: most this many bytes, and leaves larger ones to the batch range checks: measured by
-#: scripts/bench_integrity.py on a loaded 2-core machine, 0.7 s per GiB from the page cache
-#: and 4.9 s per GiB from disk (1.8-1.9x the time of only reading the bytes), so at most a
-#: few seconds at start, where starting torch and Lightning takes 10-25 s
+#: most this many bytes, and leaves larger ones to the batch range checks: at the cost
+#: scripts/bench_integrity.py measures (docs/faults.md, "What the checks cost") that is a few
+#: seconds at start, less than starting torch and Lightning takes
 AUTO_CHECKSUM_BYTES = 2 << 30
 
 

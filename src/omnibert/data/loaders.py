@@ -7,7 +7,7 @@ no torchdata: poptorch pins torch 2.0.1, and torchdata 0.11 (the release with
 ``StatefulDataLoader`` that omnibert uses) is built and tested for torch 2.6 although its
 metadata accepts any torch 2. Its Lightning, 2.3, also creates an iterator and drops it when
 it resumes at the end of an epoch; with loader workers, ``StatefulDataLoader`` then loses the
-epoch its workers had prefetched (measured under torch 2.0.1 / Lightning 2.3.3: the resumed
+epoch its workers had prefetched (seen under torch 2.0.1 / Lightning 2.3.3: the resumed
 run trained the next data epoch's batches instead). So :func:`build_loader` uses
 :class:`SamplerStateDataLoader` where torchdata is missing or Lightning is older than 2.5,
 a plain ``DataLoader`` that keeps the position the same way: the batch sampler

@@ -14,9 +14,8 @@ exactly the same sequences whatever the training packing.
 
 The global batch keeps counting *sequences* (``phase.global_batch_size``): with packing the
 train app asks :func:`sequences_per_row` and runs about ``global / sequences_per_row`` rows
-per step (``run.plan.packed_batch_plan``), as Graphcore and Habana scale their batch by the
-average packing factor.
-"""
+per step (``run.pretraining.batches.packed_batch_plan``), as Graphcore and Habana scale their batch
+by the average packing factor."""
 
 from __future__ import annotations
 

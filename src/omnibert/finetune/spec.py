@@ -14,7 +14,7 @@ A task is one YAML file, ``conf/task/<name>.yaml``, holding three things:
   subclass (:class:`omnibert.finetune.glue.GlueData`, :class:`omnibert.finetune.squad.SquadData`):
   the Hub name and config ``datasets.load_dataset`` uses, the split names, the columns, the
   label names, the metric names and the submission files.
-* nothing else: the run pipeline (:mod:`omnibert.run.finetuning`) is the same for every task.
+* nothing else: the run pipeline (:mod:`omnibert.run.finetuning.job`) is the same for every task.
 
 A :class:`TaskData` subclass implements, for its family of tasks:
 
@@ -26,7 +26,7 @@ A :class:`TaskData` subclass implements, for its family of tasks:
 * **features**: :meth:`TaskData.features` gives the model's input tensors ``[N, S]`` (plus the
   training labels) and whatever post-processing needs;
 * **predictions**: :meth:`TaskData.predict` turns the head's outputs (``logits`` of every
-  feature, from :func:`omnibert.run.finetune_eval.logits`) into one prediction per example;
+  feature, from :func:`omnibert.run.finetuning.outputs.logits`) into one prediction per example;
 * **metric**: :meth:`TaskData.scores` computes the official metrics of a labelled split;
 * **submission writer**: :meth:`TaskData.write` writes the predictions of a split in the
   format its benchmark takes (``predictions.json`` for SQuAD, ``CoLA.tsv`` ... for GLUE).

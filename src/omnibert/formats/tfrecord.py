@@ -81,7 +81,7 @@ def _table_crc32c() -> Callable[[bytes], int]:
             c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
         table.append(c)
 
-    def crc(data: bytes) -> int:  # ~10 MB/s: only used when no compiled CRC is installed
+    def crc(data: bytes) -> int:  # slow pure Python: only used when no compiled CRC is installed
         c = 0xFFFFFFFF
         for byte in data:
             c = table[(c ^ byte) & 0xFF] ^ (c >> 8)

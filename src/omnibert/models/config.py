@@ -84,7 +84,7 @@ class BertConfig:
     initializer_range: float = 0.02
     pad_vocab_size_multiple: int = 8
     #: attention kernel (``ATTENTION_BACKENDS``): ``auto`` picks by device, dropout and sequence
-    #: length (omnibert.models.attention.resolve_attention); ``varlen`` drops the padding
+    #: length (omnibert.models.attention_choice.resolve_attention); ``varlen`` drops the padding
     attention: str = "auto"
     # --- modern-encoder options (docs/modern.md); the defaults are original BERT
     #: ``learned`` (BERT's position embedding), ``rope`` (rotary on queries and keys, by the

@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnibert.models.bert import BertModel, init_bert_weights_
+from omnibert.models.bert import BertModel
 from omnibert.models.config import BertConfig
+from omnibert.models.layers import init_bert_weights_
 
 __all__ = ["HEAD_KEYS", "BertForQuestionAnswering", "BertForSequenceClassification"]
 

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnibert.models.bert import BertModel, hidden_activation, init_bert_weights_, make_norm
+from omnibert.models.bert import BertModel
 from omnibert.models.config import BertConfig
+from omnibert.models.layers import hidden_activation, init_bert_weights_, make_norm
 
 __all__ = ["BertForPreTraining", "BertLMPredictionHead", "BertPreTrainingHeads"]
 

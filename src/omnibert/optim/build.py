@@ -11,7 +11,11 @@ import torch
 
 from omnibert.config.node import build
 
-__all__ = ["build_optimizer", "build_schedule"]
+__all__ = ["ADAMW_TARGETS", "LAMB_TARGETS", "build_optimizer", "build_schedule"]
+
+#: the ``_target_`` names an optimiser node builds omnibert's LAMB / AdamW with
+LAMB_TARGETS = ("omnibert.optim.Lamb", "omnibert.optim.lamb.Lamb")
+ADAMW_TARGETS = ("omnibert.optim.AdamW", "omnibert.optim.param_groups.AdamW")
 
 
 def build_optimizer(

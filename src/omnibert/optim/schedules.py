@@ -30,7 +30,7 @@ Step the scheduler once per optimiser step (Lightning: ``"interval": "step"``).
 Scheduler state is plain numbers, so it round-trips through ``weights_only`` checkpoints.
 Each schedule's :meth:`milestones` names the steps its shape is pinned to (where the warm-up
 ends, where the decay starts and ends): what a resume with another ``phase.max_steps`` prints
-as moved (:mod:`omnibert.run.resume`).
+as moved (:mod:`omnibert.checkpoints.resume_rules`).
 """
 
 from __future__ import annotations

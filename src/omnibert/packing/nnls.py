@@ -16,8 +16,8 @@ sequence lengths and at most `depth` non-zeros per column, so:
 
 It reaches the same minimum as ``scipy.optimize.nnls`` (the same method; where several x
 attain the minimum, as with NNLSHP's matrices, the two may return different ones) in a
-fraction of the time on these matrices: 0.2-0.4 s instead of 18-35 s for NNLSHP at depth 3
-on 512 tokens (scripts/bench_packing.py).
+fraction of the time on these matrices (``scripts/bench_packing.py`` times NNLSHP; its record
+is on the Benchmarks page, "Packing algorithms against the published values").
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 Two rule-based back ends, both offline and deterministic:
 
-- ``"pysbd"`` (default): pure Python, always installed (a core dependency). Measured here at
-  about 0.15-0.2 MB of text per second per core.
-- ``"blingfire"``: a finite-state splitter in a bundled native library, about 30x faster
-  (about 5 MB/s per core on the same text, with near-identical splits on prose). It is an
+- ``"pysbd"`` (default): pure Python, always installed (a core dependency), and slow.
+- ``"blingfire"``: a finite-state splitter in a bundled native library, much faster, with
+  near-identical splits on prose (docs/data/wikipedia.md has both rates). It is an
   optional install (``pip install blingfire``) meant for full Wikipedia; its wheel bundles
   x86-64 (and macOS/Windows) binaries only.
 

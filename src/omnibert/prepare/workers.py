@@ -239,7 +239,7 @@ def _watch_parent(parent_pid: int, interval: float = 1.0) -> None:
 
 def _worker_context() -> Any:
     """``fork`` where it is safe and cheap (Linux): workers inherit the imported modules and
-    the loaded compiled kernel instead of re-importing them (about 1.5 s per worker).  The
+    the loaded compiled kernel instead of importing and loading them again in each worker.  The
     parent never runs the Rust tokenizer, so no thread pool is forked.  Elsewhere ``spawn``."""
     if sys.platform.startswith("linux"):
         warm_up()

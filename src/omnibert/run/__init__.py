@@ -1,4 +1,1 @@
-"""What the apps derive and check before compute: the batch plan and the run's checks
-(:mod:`~omnibert.run.plan`, :mod:`~omnibert.run.checks`), compile-only reports
-(:mod:`~omnibert.run.compile_only`), profiling (:mod:`~omnibert.run.profiling`) and the SLURM
-layout check (:mod:`~omnibert.run.slurm`)."""
+"""What the apps derive, check and run before and around compute, one package per subject."""

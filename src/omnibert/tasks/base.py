@@ -8,7 +8,7 @@ restores both as they were saved, so :meth:`TrainingTask.on_train_start` puts th
 configured settings back (a new learning rate, a schedule re-planned over a new
 ``phase.max_steps``: the same schedule function, built with this run's settings, evaluated
 from the resumed step on). What may change on resume, and what is refused before compute:
-:mod:`omnibert.run.resume`.
+:mod:`omnibert.checkpoints.resume_rules`.
 """
 
 from __future__ import annotations

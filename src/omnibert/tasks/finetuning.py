@@ -8,7 +8,7 @@ came from, the vocab), so a fine-tuned checkpoint reloads from itself with
 ``"model." + <Hugging Face name>`` (``bert.*``, ``qa_outputs.*``, ``classifier.*``).
 
 The encoder's weights come from :meth:`FineTuningTask.load_encoder` (a model read by
-:func:`omnibert.convert.checkpoints.load_pretrained`); the head stays freshly initialised,
+:func:`omnibert.checkpoints.reading.load_pretrained`); the head stays freshly initialised,
 unless the checkpoint is a Hugging Face fine-tuned model with this task's head, and the keys
 that were new are returned for the run's log. The optimiser is the configured one
 (AdamW, no decay on bias/LayerNorm) with the configured per-step schedule (linear warmup and

@@ -164,7 +164,7 @@ class PretrainingTask(TrainingTask):
         total_steps: the run's optimiser steps (``phase.max_steps``): the schedule's length
             (``None``: the Trainer's ``max_steps``).
         init_from: where a fresh run's initial weights came from (recorded; the run loads
-            them: :mod:`omnibert.run.init_from`): a Hugging Face BERT directory, a Lightning
+            them: :mod:`omnibert.checkpoints.init_from`): a Hugging Face BERT directory, a Lightning
             ``.ckpt`` of an earlier phase, or the prefix of a Google / MLPerf TensorFlow 1
             checkpoint (weights only; the optimiser and schedule start fresh).
         init_bert_config: the Google ``bert_config.json`` of a TensorFlow 1 ``init_from``

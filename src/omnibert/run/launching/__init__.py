@@ -1,0 +1,1 @@
+"""Launching runs: sweeps (Hydra multirun) and their reports, the SLURM layout, profiling."""
