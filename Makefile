@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENV_ARGS ?=
 PYTEST_ARGS ?= -n 2
 
-.PHONY: install demo test lint typecheck format docs docs-serve bench-prepare clean wheelhouse install-offline \
+.PHONY: install demo test test-fast lint typecheck format docs docs-serve bench-prepare clean wheelhouse install-offline \
 	gpu-bundle gpu-check
 
 install: $(VENV)/.omnibert-installed
@@ -24,6 +24,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the fast lane: tests/unit only (components in-process); `make test` runs tests/e2e as well
+test-fast: install
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -60,7 +60,7 @@ SIZES = {
 }
 #: The ModernBERT family scaled down (conf/model/modern_tiny.yaml: L2-H128-A2, GeGLU 192;
 #: modern_mini.yaml: L4-H256-A4, GeGLU 384; the shapes are checked against the yaml by
-#: tests/test_bench_time_to_accuracy.py), masked-LM only, with BERT's recipe: LAMB, linear
+#: tests/e2e/test_bench_time_to_accuracy.py), masked-LM only, with BERT's recipe: LAMB, linear
 #: warmup and decay, 32 sequences a step, the same 0.10 target. modern_tiny takes bert-tiny's
 #: LAMB 1e-2, modern_mini bert-mini's 4e-3 (the same L4-H256 shape); both sides reach the target
 #: with them (docs/modern.md#benchmarks has the records).

@@ -16,18 +16,18 @@ from gpu_check_run import ROOT, Check, Command
 def gpu_test_files() -> list[Path]:
     """Test files that hold ``gpu``-marked tests (a new one joins the check by itself)."""
     marker = re.compile(r"pytest\.mark\.gpu\b")
-    return sorted(p for p in (ROOT / "tests").glob("test_*.py") if marker.search(p.read_text()))
+    return sorted(p for p in (ROOT / "tests").glob("*/test_*.py") if marker.search(p.read_text()))
 
 
 #: ``--tests focus``: the GPU tests of the newest work, file -> a pytest ``-k`` expression
 #: (``None``: the whole file). Every ``-m gpu`` test passed on an H100 and an H200 before it;
 #: a lease spends its minutes on what it has not run yet, then on speed.
 FOCUS_TESTS: dict[str, str | None] = {
-    "tests/test_fp8_gpu.py": None,  # fp8: compiled real fp8 against bf16, the refusal
-    "tests/test_gpu_step.py": None,  # CUDA graphs with accumulation, no sync, the probe
-    "tests/test_one_graph.py": None,  # the pretraining step as one graph on CUDA
+    "tests/e2e/test_fp8_gpu.py": None,  # fp8: compiled real fp8 against bf16, the refusal
+    "tests/unit/test_gpu_step.py": None,  # CUDA graphs with accumulation, no sync, the probe
+    "tests/unit/test_one_graph.py": None,  # the pretraining step as one graph on CUDA
     # the Triton LAMB's bitwise resume, bench_gpu --smoke on CUDA (same sequences, rounds)
-    "tests/test_gpu.py": "(resume_is_bitwise and triton) or bench_gpu",
+    "tests/e2e/test_gpu.py": "(resume_is_bitwise and triton) or bench_gpu",
 }
 
 

@@ -21,9 +21,15 @@ if TYPE_CHECKING:
 os.environ["OMNIBERT_MICRO_BATCH_PROBE"] = "false"
 os.environ["OMNIBERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnibert-test-cache-")
 # trainer.precision=auto is bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the
-# others: the tests' expected numbers are fp32 on every CI machine (tests/test_fast_defaults.py
+# others: the tests' expected numbers are fp32 on every CI machine (tests/unit/test_fast_defaults.py
 # tests the rule itself).
 os.environ["OMNIBERT_AUTO_BF16"] = "false"
+
+# the test folders of pyproject's `pythonpath` for the processes the tests start (torchrun
+# workers import test modules; runs load callbacks from tests/ by _target_)
+TESTS = Path(__file__).parent
+_PATHS = [str(TESTS / sub) for sub in ("", "unit", "e2e")]
+os.environ["PYTHONPATH"] = os.pathsep.join([*_PATHS, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE_SDK = Path(__file__).parent / "fakes" / "sdk"

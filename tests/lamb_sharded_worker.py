@@ -1,4 +1,4 @@
-"""One rank of the sharded-LAMB checks, started by ``tests/test_lamb_sharded.py`` through
+"""One rank of the sharded-LAMB checks, started by ``tests/e2e/test_lamb_sharded.py`` through
 ``torch.distributed.run`` (two CPU processes, gloo). Not collected by pytest (no ``test_``).
 
 ``--mode fsdp2``: the tiny BERT of ``test_model.py`` under ``torch.distributed.fsdp.fully_shard``

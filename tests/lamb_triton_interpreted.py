@@ -1,5 +1,5 @@
 """Multi-tensor Triton LAMB checks that must run with ``TRITON_INTERPRET=1`` set before Triton is
-imported; ``tests/test_lamb_triton.py`` runs this file in a subprocess with it (the name does
+imported; ``tests/e2e/test_lamb_triton.py`` runs this file in a subprocess with it (the name does
 not match ``test_*.py`` so the main test run does not collect it).
 """
 
@@ -13,7 +13,7 @@ from lamb_triton_cases import CHUNK, check_trajectory, counting_launches
 
 from omnibert.optim import Lamb
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/test_lamb_triton.py"
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/e2e/test_lamb_triton.py"
 
 
 @pytest.mark.parametrize("grad_scale", [0.01, 10.0], ids=["clip-inactive", "clip-active"])

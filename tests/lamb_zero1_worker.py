@@ -1,4 +1,4 @@
-"""One rank of the ZeRO-1 checks, started by ``tests/test_lamb_zero1.py`` through
+"""One rank of the ZeRO-1 checks, started by ``tests/e2e/test_lamb_zero1.py`` through
 ``torch.distributed.run`` (4 CPU processes, gloo). Not collected by pytest (no ``test_``).
 
 Every case runs over the 4 ranks, then over 2 (ranks 0 and 1 as a process group of their

@@ -3,7 +3,7 @@ and the comment above it (and beside it) in the YAML.
 
 Parsed with PyYAML's node API, whose marks give each key's line, so the comment lines just
 above a key are its description. The page is built from the files on every ``make docs``,
-so it cannot drift from them; ``tests/test_docs_site.py`` checks that it covers every key.
+so it cannot drift from them; ``tests/unit/test_docs_site.py`` checks that it covers every key.
 
     python scripts/docsite/config_reference.py [conf_dir]   # print the page's Markdown
 """

@@ -38,12 +38,12 @@ step "APIs the code names, and mypy, under torch 2.6 / Lightning 2.5.1 / Python 
     "$ENV_DIR/bin/python" "$REPO/scripts/envs/check_apis.py" --mypy
 step "the real lightning-habana from PyPI imports with this Lightning" lightning_habana_imports
 step "tests: HPU (and IPU) plugins against the fake SDKs, vendor optimisers, profiling" \
-    run_tests "$ENV_DIR" tests/test_accelerators_fake_sdk.py tests/test_lamb_vendor.py \
-    tests/test_profile.py
+    run_tests "$ENV_DIR" tests/unit/test_accelerators_fake_sdk.py tests/unit/test_lamb_vendor.py \
+    tests/e2e/test_profile.py
 step "tests: compatibility shims, loaders, exact resume, FLOP counting, compile-only, LAMB" \
-    run_tests "$ENV_DIR" tests/test_compat.py tests/test_loaders.py tests/test_datamodule.py \
-    tests/test_train_resume.py tests/test_throughput.py tests/test_compile_only.py \
-    tests/test_lamb.py tests/test_lamb_impls.py tests/test_model.py tests/test_layout.py
+    run_tests "$ENV_DIR" tests/unit/test_compat.py tests/unit/test_loaders.py tests/unit/test_datamodule.py \
+    tests/e2e/test_train_resume.py tests/unit/test_throughput.py tests/e2e/test_compile_only.py \
+    tests/unit/test_lamb.py tests/unit/test_lamb_impls.py tests/unit/test_model.py tests/e2e/test_layout.py
 # the fake lightning_habana classes only record their arguments (no Lightning strategy to
 # train with), so the end-to-end runs are on the CPU: the shared code under torch 2.6
 step "smoke: omnibert-train on the CPU" smoke_train "$ENV_DIR" ""

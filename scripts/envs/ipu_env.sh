@@ -29,15 +29,15 @@ report_versions "$ENV_DIR"
 step "APIs the code names, and mypy, under torch 2.0.1 / Lightning 2.3 / Python 3.10" \
     "$ENV_DIR/bin/python" "$REPO/scripts/envs/check_apis.py" --mypy
 step "tests: IPU and HPU plugins against the fake SDKs, vendor optimisers, profiling" \
-    run_tests "$ENV_DIR" tests/test_accelerators_fake_sdk.py tests/test_lamb_vendor.py \
-    tests/test_profile.py
+    run_tests "$ENV_DIR" tests/unit/test_accelerators_fake_sdk.py tests/unit/test_lamb_vendor.py \
+    tests/e2e/test_profile.py
 step "tests: the loader without torchdata, data module, samplers, exact resume" \
-    run_tests "$ENV_DIR" tests/test_loaders.py tests/test_datamodule.py tests/test_samplers.py \
-    tests/test_packed_sampler.py tests/test_packed.py tests/test_train_resume.py
+    run_tests "$ENV_DIR" tests/unit/test_loaders.py tests/unit/test_datamodule.py tests/unit/test_samplers.py \
+    tests/e2e/test_packed_sampler.py tests/unit/test_packed.py tests/e2e/test_train_resume.py
 step "tests: compatibility shims, FLOP counting, compile-only, LAMB, model, layout" \
-    run_tests "$ENV_DIR" tests/test_compat.py tests/test_throughput.py \
-    tests/test_compile_only.py tests/test_lamb.py tests/test_lamb_impls.py tests/test_model.py \
-    tests/test_layout.py
+    run_tests "$ENV_DIR" tests/unit/test_compat.py tests/unit/test_throughput.py \
+    tests/e2e/test_compile_only.py tests/unit/test_lamb.py tests/unit/test_lamb_impls.py tests/unit/test_model.py \
+    tests/e2e/test_layout.py
 step "smoke: omnibert-train on the CPU" smoke_train "$ENV_DIR" ""
 step "smoke: omnibert-train accelerator.compile=true (torch.compile on torch 2.0.1)" \
     smoke_train "$ENV_DIR" "" accelerator.compile=true

@@ -4,7 +4,7 @@ The main environment runs the newest torch and Lightning 2.5. Graphcore's Poplar
 pins torch 2.0.1 (its poptorch wheel), which Lightning 2.3.x is the last to support
 (``requirements-ipu.txt``). Each helper here uses the newer API where it exists and
 otherwise a path that computes the same thing, so the shared code never branches on
-versions itself; ``tests/test_compat.py`` runs every fallback by taking the newer API away.
+versions itself; ``tests/unit/test_compat.py`` runs every fallback by taking the newer API away.
 ``scripts/envs/check_apis.py`` lists every line that uses a newer API on purpose (they carry
 a ``compat:`` comment); ``scripts/envs/ipu_env.sh`` runs the tests under torch 2.0.1.
 
@@ -198,7 +198,7 @@ class _MatmulFlopCounter:
     """Counts what ``torch.utils.flop_counter.FlopCounterMode`` counts for omnibert's model,
     for torches without that module (< 2.1): 2 FLOPs per multiply-accumulate of every
     ``mm``, ``addmm``, ``bmm`` and ``baddbmm`` dispatched (forward and backward; attention
-    on these torches runs as ``bmm``), nothing for elementwise ops. ``tests/test_compat.py``
+    on these torches runs as ``bmm``), nothing for elementwise ops. ``tests/unit/test_compat.py``
     checks that both counters agree on the model."""
 
     def __init__(self) -> None:

@@ -14,7 +14,7 @@ ways:
   holding the new gradient, it is *stolen*: ``.grad`` becomes the graph's output tensor
   itself. The next micro-batch's replay then overwrites what was accumulated so far
   (pytorch/pytorch#169545; on an H200 with torch 2.11 it raised "accessing tensor output of
-  CUDAGraphs that has been overwritten"; tests/test_cuda_graph_gradients.py replays the
+  CUDAGraphs that has been overwritten"; tests/e2e/test_cuda_graph_gradients.py replays the
   overwrite on the CPU: four micro-batches summed to twice the last one);
 * the parameter has a dense ``.grad`` and grad mode is off: ``grad += new_grad`` in place.
   ``.grad`` stays the tensor it was and the graph's output is only read, by a kernel queued
@@ -34,7 +34,7 @@ order. The in-place branch is documented behaviour (torch's autograd notes, "def
 gradient layouts": with an existing non-sparse ``.grad`` and ``create_graph=False``,
 ``backward()`` accumulates into it in place; pytorch/pytorch#34904) and reads the same in
 torch 2.13's header ("Case 2.3: In-place addition") and in the main branch's; the GPU's
-torch 2.11 is checked by tests/test_gpu_step.py. What it relies on:
+torch 2.11 is checked by tests/unit/test_gpu_step.py. What it relies on:
 
 * ``backward()`` without ``create_graph`` (grad mode off inside AccumulateGrad: Lightning's
   backward is one);

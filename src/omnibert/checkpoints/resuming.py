@@ -211,7 +211,7 @@ class CompletedBatchProgress(Callback):
     after it, the epoch finished, so that the resumed run continues with the next batch
     (a validation due after the batch still runs first, as it would have). It changes
     nothing on Lightning >= 2.5. ``omnibert-train`` always adds it; the resume tests
-    (tests/test_datamodule.py, test_train_resume.py, test_lamb_lightning.py) prove it under
+    (tests/unit/test_datamodule.py, test_train_resume.py, test_lamb_lightning.py) prove it under
     Lightning 2.3 in the IPU environment (scripts/envs/ipu_env.sh).
     """
 

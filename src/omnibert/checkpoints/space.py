@@ -5,7 +5,7 @@ optimiser's state (LAMB: two fp32 moments per parameter, plus an fp32 master cop
 parameters; AdamW: two moments in the parameter's dtype and a step counter) and a little more
 (the loops' state, the hyper-parameters, the archive's headers: about
 :data:`BYTES_PER_TENSOR` per tensor and :data:`BYTES_FIXED`); tested within 10 % of the file
-Lightning writes for bert_tiny and for the smoke model (tests/test_checkpoint_faults.py).
+Lightning writes for bert_tiny and for the smoke model (tests/e2e/test_checkpoint_faults.py).
 
 At most ``keep_last`` ``step-*.ckpt`` (fewer when the run saves fewer), ``last.ckpt`` and one
 being written are on disk at once (a new ``step-*.ckpt`` is renamed into place before the
@@ -33,7 +33,7 @@ __all__ = ["BYTES_FIXED", "BYTES_PER_TENSOR", "checkpoint_bytes", "plan_checkpoi
 
 #: what a checkpoint holds besides the model's and the optimiser's tensors: the RNG states,
 #: the loops, callbacks and hyper-parameters (a bert_tiny run's, rounded; the estimate is
-#: checked against real files by tests/test_checkpoint_faults.py)
+#: checked against real files by tests/e2e/test_checkpoint_faults.py)
 BYTES_FIXED = 14 * 1024
 
 _LOW = {"bf16-true": 2, "16-true": 2, "bf16": 2, "16": 2, "64-true": 8, "64": 8}

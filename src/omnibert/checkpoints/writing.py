@@ -71,7 +71,7 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
 
 
 #: zip entry, pickle and alignment bytes per tensor in a torch checkpoint (what torch.save
-#: writes per tensor, rounded; tests/test_checkpoint_faults.py checks the estimates built on it)
+#: writes per tensor, rounded; tests/e2e/test_checkpoint_faults.py checks the estimates built on it)
 BYTES_PER_TENSOR = 400
 
 

@@ -10,7 +10,7 @@ samplers and the loaders.
 Everything that can be wrong with the configuration is found by :meth:`check` before any
 compute and reported as one :class:`DataConfigError` sentence naming the key and the fix.
 
-Exact resume under Lightning (verified by tests/test_datamodule.py with 0 and 2 workers and
+Exact resume under Lightning (verified by tests/unit/test_datamodule.py with 0 and 2 workers and
 gradient accumulation, with torchdata and with the fallback loader): Lightning saves
 ``train_dataloader().state_dict()`` in checkpoints and restores it. Its fetcher does not
 prefetch a loader that has a length, and the training loader (torchdata's

@@ -15,7 +15,7 @@ a plain ``DataLoader`` that keeps the position the same way: the batch sampler
 drawn, and ``state_dict()`` returns the state drawn with the last batch *handed out*, so
 batches that loader workers fetched ahead of the training loop are not counted as seen.
 A run resumed from a checkpoint sees exactly the batches the interrupted run had not yet
-trained on (tests/test_loaders.py, and the resume tests with the fallback forced).
+trained on (tests/unit/test_loaders.py, and the resume tests with the fallback forced).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@
 * ``auto``: the backend measured fastest for the device, the dropout and the sequence length
   (:mod:`omnibert.models.attention_choice`, which also refuses a backend that cannot run).
 
-Every backend gives the same hidden states at real tokens (tests/test_attention.py checks it
+Every backend gives the same hidden states at real tokens (tests/e2e/test_attention.py checks it
 against ``math``). Where they may differ is only what nobody reads: ``varlen`` does not compute
 padding tokens when the caller reads a subset of rows (the pretraining heads): a read row at a
 padding position is zero there (the heads weigh such slots 0).

@@ -6,7 +6,7 @@ are refused: :mod:`omnibert.accelerators.base`.
 The partition is torch's ``ZeroRedundancyOptimizer``'s, recomputed here from the tensors'
 sizes: parameter group by parameter group, each tensor, largest first, goes to the rank that
 holds the fewest elements so far (the lowest such rank on a tie).
-``tests/test_lamb_zero1.py`` checks the prediction against the partition torch makes.
+``tests/e2e/test_lamb_zero1.py`` checks the prediction against the partition torch makes.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ as :meth:`omnibert.optim.Lamb.resolve_impl` resolves it; AdamW's ``fused: auto``
 optimiser state one rank holds (``accelerator.optimizer_sharding``:
 :mod:`omnibert.optim.zero1_plan`), and what the accelerator plugin adds (``torch.compile``
 and its mode, CUDA graphs: ``kernels()``).
-``tests/test_kernels.py`` checks these predictions against the objects a run builds.
+``tests/e2e/test_kernels.py`` checks these predictions against the objects a run builds.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ device: the numbers behind ``compile_only=true``'s estimate
    outputs and weight copies, layer norm and softmax in fp32 on CUDA, in bf16 on the CPU),
    applied by a ``TorchFunctionMode`` since autocast does not act on meta tensors; the
    parameters' dtype for ``bf16-true``/``16-true``. What the CPU runs (its autocast, its
-   flash kernel) is checked against real CPU forwards (tests/test_memory_estimate_gpu.py).
+   flash kernel) is checked against real CPU forwards (tests/unit/test_memory_estimate_gpu.py).
 2. **Estimated memory**: parameters + gradients (same dtype) + optimiser state (two moments
    per parameter for LAMB and AdamW) + activations + the backward's transients (+ one
    gradient-sized buffer with ``clip_grad_per_micro_batch``). The transients: on CUDA,
@@ -107,7 +107,7 @@ _CUDA_FP32 = frozenset(
 _AUTOCAST_FP32 = {
     "cuda": _CUDA_FP32,
     # the CPU's keeps layer norm and softmax in bf16 (checked against torch.autocast("cpu")
-    # in tests/test_memory_estimate_gpu.py)
+    # in tests/unit/test_memory_estimate_gpu.py)
     "cpu": frozenset({"cross_entropy", "nll_loss", "binary_cross_entropy_with_logits"}),
 }
 
