@@ -69,9 +69,7 @@ def test_the_collate_cuts_row_tensors_only_and_max_length_keeps_the_width():
         "input_ids": (3, 24), "segment_ids": (3, 24), "attention_mask": (3, 24), "labels": (3,)
     }  # fmt: skip
     assert torch.equal(cut["input_ids"], rows["input_ids"][:, :24])
-    full = TrimPadding.of(FinetuneData.of({"padding": "max_length", "pad_to_multiple_of": 8}))(
-        items
-    )
+    full = TrimPadding.of(FinetuneData(padding="max_length", pad_to_multiple_of=8))(items)
     assert full["input_ids"].shape == (3, WIDTH)
     with pytest.raises(ValueError, match="pad_to_multiple_of=0"):
         TrimPadding(0)

@@ -340,10 +340,10 @@ def test_impossible_batch_arithmetic_is_one_clear_sentence(args, words):
 
 
 def test_vocab_size_comes_from_the_data_or_must_match():
-    assert resolve_vocab_size({"vocab_size": None}, 7335) == 7335
-    assert resolve_vocab_size({"vocab_size": 7335}, 7335) == 7335
+    assert resolve_vocab_size(None, 7335) == 7335
+    assert resolve_vocab_size(7335, 7335) == 7335
     with pytest.raises(TrainConfigError, match=r"model\.config\.vocab_size=30522"):
-        resolve_vocab_size({"vocab_size": 30522}, 7335)
+        resolve_vocab_size(30522, 7335)
 
 
 def test_clipping_is_decided_once():

@@ -85,7 +85,7 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
         from omnibert.run.sizing.compile_only import compile_only, report_metrics
 
         report = compile_only(prepared, output_dir)
-        loggers = build_loggers(config.loggers, logged_hyperparameters(prepared))
+        loggers = build_loggers(config.logger, logged_hyperparameters(prepared))
         for logger in loggers:
             logger.log_metrics(report_metrics(report), step=0)
             logger.save()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -22,7 +24,17 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.errors import UserError
 
-__all__ = ["Node", "build", "interpolation_origins", "resolve"]
+__all__ = [
+    "Composition",
+    "Node",
+    "build",
+    "composition",
+    "interpolation_origins",
+    "resolve",
+    "with_composition",
+]
+
+ConfigT = TypeVar("ConfigT")
 
 #: an interpolation that is one absolute key and nothing else: ``${phase.lr.adamw}``
 _ALIAS = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -54,6 +66,34 @@ def resolve(
         raise error(_does_not_resolve(err)) from err
     assert isinstance(container, dict)
     return {str(k): v for k, v in container.items()}
+
+
+@dataclass(frozen=True)
+class Composition:
+    """How a config was composed, beside its values: ``recorded``, the whole resolved config
+    (read-only; what the loggers record as the run's hyper-parameters, nothing else reads it);
+    ``command_line``, the keys set on the command line (Hydra's overrides: what the user chose,
+    as against a preset's defaults; ``model.init_from`` of a Hugging Face directory refuses a
+    ``model.config.*`` set there that contradicts its config.json); ``origins``, the keys whose
+    value came from another key by interpolation -> that key (messages name the key the user
+    typed: config.node.interpolation_origins)."""
+
+    recorded: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    command_line: frozenset[str] = frozenset()
+    origins: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def composition(config: Any) -> Composition:
+    """The :class:`Composition` of a config built by its ``of`` (empty for one made directly)."""
+    found: Composition = vars(config).get("_composition", Composition())
+    return found
+
+
+def with_composition(config: ConfigT, composed: Composition) -> ConfigT:
+    """``config`` carrying ``composed`` (kept out of the dataclass fields, which are the
+    schema's keys and so the config's)."""
+    vars(config)["_composition"] = composed
+    return config
 
 
 def interpolation_origins(cfg: DictConfig) -> dict[str, str]:

@@ -111,7 +111,7 @@ def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
     quiet_third_party_deprecations()
     inputs = cfg if isinstance(cfg, FinetuneInputs) else check_inputs(cfg)
     config, recipe = inputs.config, inputs.recipe
-    check_target_types(config.target_nodes(), config.origins)
+    check_target_types(config.target_nodes(), config.composition.origins)
     plugin = build_plugin(config.accelerator.node.plain())
     check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     precision, why = plugin.resolve_precision(config.trainer.precision)
@@ -176,7 +176,12 @@ def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
     if ckpt_path is not None:  # what differs from the checkpoint: applied, or refused
         settings = _settings(config, plan, world)
         changes = plan_resume(
-            ckpt_path, settings, FINETUNING, FineTuneInputError, config.run_name, config.origins
+            ckpt_path,
+            settings,
+            FINETUNING,
+            FineTuneInputError,
+            config.run_name,
+            config.composition.origins,
         )
         plan = dataclasses.replace(plan, resume_changes=changes)
     datamodule = FineTuneDataModule(
@@ -229,7 +234,9 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     world = prepared.plugin.devices * prepared.plugin.num_nodes
     record = RunRecord(_settings(config, plan, world).record())
     callbacks = build_callbacks(config, float(plan.global_batch_size), [record], advice)
-    loggers = build_loggers(config.loggers, {"config": dict(config.raw), "plan": plan.to_dict()})
+    loggers = build_loggers(
+        config.logger, {"config": dict(config.composition.recorded), "plan": plan.to_dict()}
+    )
     micro_batches = -(-len(prepared.datamodule.dataset) // plan.micro_batch_size)
     trainer = build_trainer(
         config, prepared.plugin, plan.precision, callbacks, loggers,

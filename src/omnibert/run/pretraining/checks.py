@@ -86,8 +86,7 @@ def _root(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def resolve_vocab_size(model_config: Mapping[str, Any], data_vocab_size: int) -> int:
-    configured = model_config.get("vocab_size")
+def resolve_vocab_size(configured: int | None, data_vocab_size: int) -> int:
     if configured is None:
         return int(data_vocab_size)
     if configured != data_vocab_size:

@@ -211,7 +211,7 @@ def plan_run(
             ckpt,
             run_settings(config, batch, precision, micro_clip),
             run_name=config.run_name,
-            origins=config.origins,
+            origins=config.composition.origins,
         )
     )  # what differs from the checkpoint: applied and shown, or refused in one sentence
     next_sentence = next_sentence_objective(model)
