@@ -14,9 +14,10 @@ from finetune_data import mrpc_file
 
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
-from omnibert.config import FinetuneData
+from omnibert.config import FinetuneConfig, FinetuneData
 from omnibert.errors import UserError
 from omnibert.finetune.batching import TrimPadding, length_order, trimmed_length
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.run.finetuning.outputs import logits
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
@@ -136,7 +137,11 @@ def test_the_run_loader_cuts_each_batch_to_its_longest_row(tmp_path, tiny_hf, mr
 
     widths = {}
     for padding in ("longest", "max_length"):
-        prepared = prepare(compose("finetune", [*base, f"data.padding={padding}"]))
+        prepared = prepare(
+            FinetuneConfig.of(
+                compose("finetune", [*base, f"data.padding={padding}"]), FineTuneInputError
+            )
+        )
         run = build(prepared, tmp_path / padding)
         run.prepared.datamodule.trainer = None
         loader = run.prepared.datamodule.train_dataloader()

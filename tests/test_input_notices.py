@@ -13,6 +13,8 @@ from finetune_data import mrpc_file
 
 from omnibert.apps import prepare as prepare_app
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.prepare.text_layout import layout_of, wrap_report, wrapped_warning
 from omnibert.run.finetuning.job import FEW_STEPS, few_steps_notice
 
@@ -216,7 +218,7 @@ def test_omnibert_finetune_prints_the_note_with_its_plan(tmp_path, tiny_hf, caps
         "task.max_seq_length=64", "logger=none",
     ])  # fmt: skip
     with pytest.raises(Planned):
-        finetuning.run(cfg)
+        finetuning.run(FinetuneConfig.of(cfg, FineTuneInputError))
     out = capsys.readouterr().out.splitlines()
     plan = next(i for i, line in enumerate(out) if "steps/epoch" in line)
     assert out[plan + 1] == (

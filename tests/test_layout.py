@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,16 @@ def test_each_config_is_defined_once():
     assert {module for module, _ in SCHEMAS.values()} <= {
         m for m in MODULES if m.startswith("omnibert.config.")
     }
+
+
+def test_no_signature_takes_a_composed_config_or_a_typed_one():
+    """Below the apps, functions take the typed config only (tests compose configs as the apps
+    do and pass the typed config): no ``DictConfig | ...`` parameter anywhere in src/."""
+    either = re.compile(r"DictConfig\s*\|")
+    found = [
+        f"{path.relative_to(SRC)}:{number}"
+        for path in MODULES.values()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if either.search(line)
+    ]
+    assert found == []

@@ -15,7 +15,7 @@ from test_experiments import SMALL
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
 from omnibert.checkpoints.resuming import resolve_ckpt_path
-from omnibert.config import TrainConfigError
+from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.errors import UserError
 from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
@@ -229,8 +229,8 @@ def test_phase2_is_the_seq512_recipe_from_phase1(tmp_path, compose_config):
 
 def test_the_schedule_runs_the_phase_and_the_optimizer_lr_follows_the_phase(tmp_path):
     """The task builds the schedule phase.max_steps long; LAMB's LR is the phase's."""
-    built = build(prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
-                                               "phase.max_steps=300", "phase.lr.lamb=3e-3"])))  # fmt: skip
+    built = build(prepare(TrainConfig.of(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
+                                               "phase.max_steps=300", "phase.lr.lamb=3e-3"]))))  # fmt: skip
     out = built.task.configure_optimizers()
     assert out["lr_scheduler"]["scheduler"].total_steps == 300
     assert out["optimizer"].defaults["lr"] == 3e-3
@@ -244,8 +244,8 @@ def test_switching_the_optimizer_never_inherits_another_optimizers_lr(tmp_path, 
         run_or_exit(compose("pretrain", [*SMOKE, "optimizer=adamw"]), tmp_path)
     err = capsys.readouterr().err.strip()
     assert "phase.lr.adamw" in err and "optimizer.lr=" in err and len(err.splitlines()) == 1
-    built = build(prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
-                                               "optimizer=adamw", "+phase.lr.adamw=2e-4"])))  # fmt: skip
+    built = build(prepare(TrainConfig.of(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
+                                               "optimizer=adamw", "+phase.lr.adamw=2e-4"]))))  # fmt: skip
     optimizer = built.task.configure_optimizers()["optimizer"]
     assert type(optimizer).__name__ == "AdamW" and optimizer.defaults["lr"] == 2e-4
 
@@ -289,7 +289,9 @@ def test_range_errors_stop_before_compute_naming_the_key(tmp_path, capsys, overr
 
 
 def test_experiments_are_small(tmp_path, compose_config):
-    smoke = prepare(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
+    smoke = prepare(
+        TrainConfig.of(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
+    )
     assert smoke.plan.batch.accumulate_grad_batches == 2
     assert smoke.config.data["source"]["_target_"].endswith("GeneratedSource")
     demo = compose_config.resolved(f"paths.output_root={tmp_path}", "experiment=demo")

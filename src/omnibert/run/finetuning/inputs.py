@@ -9,15 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
 from omnibert.config import FinetuneConfig
 from omnibert.config.node import build
 from omnibert.finetune.sources import file_for, load_split
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_dir
 
-__all__ = ["FinetuneInputs", "check_inputs", "task_data", "typed_finetune_config"]
+__all__ = ["FinetuneInputs", "check_inputs", "task_data"]
 
 
 @dataclass
@@ -33,13 +31,6 @@ class FinetuneInputs:
     where: dict[str, str]
     micro_batch_size: int
     accumulate: int
-
-
-def typed_finetune_config(cfg: DictConfig | FinetuneConfig) -> FinetuneConfig:
-    """The run's typed config (the app builds it; tests may pass the composed config)."""
-    if isinstance(cfg, FinetuneConfig):
-        return cfg
-    return FinetuneConfig.of(cfg, FineTuneInputError)
 
 
 def task_data(task: Any) -> Any:
@@ -94,9 +85,9 @@ def _splits(config: FinetuneConfig, data: Any, role: str) -> tuple[dict[str, Any
     return out, where
 
 
-def check_inputs(cfg: DictConfig | FinetuneConfig) -> FinetuneInputs:
-    """Everything checkable without torch: one sentence naming the key and the fix."""
-    config = typed_finetune_config(cfg)
+def check_inputs(config: FinetuneConfig) -> FinetuneInputs:
+    """Everything checkable without torch: one sentence naming the key and the fix
+    (``config``: the typed config the app built, ``FinetuneConfig.of`` of the composed one)."""
     data = task_data(config.task)
     recipe = config.recipe
     _check_recipe(recipe, data)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from omnibert import stopping
 from omnibert.accelerators import build_plugin
@@ -104,7 +103,7 @@ class FinetuneJob:
     train_tensors: dict[str, Any]
 
 
-def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
+def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
     """The checked inputs (given, or :func:`check_inputs` of the config), then the
     checkpoint, the tokenizer, the training features, the plan and the data module (no
     training yet)."""
@@ -289,7 +288,7 @@ def few_steps_notice(steps: int, recipe: dict[str, Any], examples: int) -> str |
     )
 
 
-def run(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
+def run(cfg: FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
     returns the summary."""
     stopping.set_context(" before fine-tuning started")

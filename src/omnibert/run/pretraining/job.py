@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
 from omnibert.accelerators.base import FP8, lightning_precision
@@ -70,22 +69,17 @@ __all__ = [
     "logged_hyperparameters",
     "majority_baselines",
     "prepare",
-    "typed_train_config",
 ]
 
 log = logging.getLogger("omnibert.train")
 
 
-def typed_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """The run's typed config (the app builds it; tests may pass the composed config)."""
-    return cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
-
-
-def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
-    """Derive and check everything before compute (module docstring); builds no model."""
+def prepare(config: TrainConfig) -> Prepared:
+    """Derive and check everything before compute (module docstring); builds no model.
+    ``config``: the typed config the app built (``TrainConfig.of`` of the composed one)."""
     quiet_third_party_deprecations()
     # model.init_from=<Hugging Face dir>: the architecture its config.json states
-    config = with_checkpoint_architecture(typed_train_config(cfg))
+    config = with_checkpoint_architecture(config)
     check_target_types(
         config.target_nodes(), config.composition.origins
     )  # trainer.max_epochs=abc: before anything builds
@@ -146,12 +140,10 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     )
 
 
-def check_data(cfg: DictConfig | TrainConfig) -> None:
-    """The config resolves and its data fits it (shapes, batch arithmetic): what a later
-    phase of a multi-phase run checks before the first one trains."""
-    data_and_batches(
-        typed_train_config(cfg)
-    )  # the memory of this machine's CPU: the data is what is checked
+def check_data(config: TrainConfig) -> None:
+    """The config's data fits it (shapes, batch arithmetic): what a later phase of a
+    multi-phase run checks before the first one trains."""
+    data_and_batches(config)  # the memory of this machine's CPU: the data is what is checked
 
 
 def build_task(prepared: Prepared) -> tuple[Any, str | None]:
