@@ -16,6 +16,7 @@ from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
 from omnibert.checkpoints.resuming import resolve_ckpt_path
 from omnibert.config import TrainConfig, TrainConfigError
+from omnibert.config.node import Optimizer
 from omnibert.errors import UserError
 from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
@@ -349,9 +350,9 @@ def test_vocab_size_comes_from_the_data_or_must_match():
 
 
 def test_clipping_is_decided_once():
-    lamb = {"_target_": "omnibert.optim.Lamb", "max_grad_norm": 1.0}
-    mlperf = {"_target_": "omnibert.optim.Lamb", "max_grad_norm": None}
-    adamw = {"_target_": "omnibert.optim.AdamW"}
+    lamb = Optimizer({"_target_": "omnibert.optim.Lamb", "max_grad_norm": 1.0})
+    mlperf = Optimizer({"_target_": "omnibert.optim.Lamb", "max_grad_norm": None})
+    adamw = Optimizer({"_target_": "omnibert.optim.AdamW"})
     assert resolve_clipping("auto", lamb) is None
     assert resolve_clipping("auto", mlperf) == 1.0
     assert resolve_clipping("auto", adamw) is None
@@ -368,15 +369,17 @@ def test_lamb_mlperf_turns_on_micro_batch_clipping(tmp_path, compose_config):
     c = compose_config.resolved(
         f"paths.output_root={tmp_path}", "experiment=smoke", "optimizer=lamb_mlperf"
     )
-    assert resolve_clipping(c["clip_grad_per_micro_batch"], c["optimizer"]) == 1.0
+    assert resolve_clipping(c["clip_grad_per_micro_batch"], Optimizer(c["optimizer"])) == 1.0
 
 
 def test_bad_optimizer_or_schedule_keys_fail_before_compute():
     with pytest.raises(TrainConfigError, match="optimizer"):
         check_optimizer(
-            {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1, "x": 1}, None, 10
+            Optimizer({"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1, "x": 1}),
+            None,
+            10,
         )
-    opt = {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1e-3}
+    opt = Optimizer({"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1e-3})
     sched = {"_target_": "omnibert.optim.schedules.PolyWarmupLR", "_partial_": True}
     with pytest.raises(TrainConfigError, match="schedule"):
         check_optimizer(opt, sched, 0)

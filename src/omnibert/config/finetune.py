@@ -26,6 +26,7 @@ from omnibert.config.sections import (
     ConfigError,
     InitialWeights,
     Nodes,
+    OptimizerNode,
     Paths,
     TargetNode,
     TrainerSection,
@@ -93,7 +94,7 @@ class FinetuneConfig:
     paths: Paths = MISSING
     accelerator: AcceleratorSection = MISSING
     task: TargetNode = MISSING
-    optimizer: TargetNode = MISSING
+    optimizer: OptimizerNode = MISSING
     schedule: Optional[TargetNode] = None  # noqa: UP045
     trainer: TrainerSection = MISSING
     logger: Nodes = NO_NODES

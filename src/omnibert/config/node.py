@@ -27,6 +27,7 @@ from omnibert.errors import UserError
 __all__ = [
     "Composition",
     "Node",
+    "Optimizer",
     "build",
     "composition",
     "interpolation_origins",
@@ -197,6 +198,64 @@ class Node(Mapping[str, Any]):
     def build(self, *args: Any, **kwargs: Any) -> Any:
         """The configured object (:func:`build` of a copy: building never changes the node)."""
         return build(self.plain(), *args, **kwargs)
+
+
+class Optimizer(Node):
+    """``optimizer``: the update rule's ``_target_`` node (what it builds checks every key),
+    with the keys the run itself reads as typed attributes, each as the target defaults it
+    where the config leaves it out."""
+
+    __slots__ = ()
+
+    def __init__(self, values: Mapping[str, Any], path: str = "optimizer") -> None:
+        super().__init__(values, path)
+
+    @property
+    def lr(self) -> float | None:
+        """``optimizer.lr`` (None: not a number, e.g. unset)."""
+        value = self._values.get("lr")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def weight_decay(self) -> float:
+        return float(self._values.get("weight_decay", 0.0))
+
+    def no_weight_decay(self, default: Any) -> Any:
+        """``optimizer.no_weight_decay``: the parameter-name patterns kept out of the decay
+        (``default`` where the node does not set it)."""
+        return self._values.get("no_weight_decay", default)
+
+    @property
+    def sets_max_grad_norm(self) -> bool:
+        """The node sets ``max_grad_norm`` (LAMB: null switches the optimiser's clip off)."""
+        return "max_grad_norm" in self._values
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        """The norm the optimiser clips the accumulated gradient to (None: it does not)."""
+        value = self._values.get("max_grad_norm")
+        return None if value is None else float(value)
+
+    @property
+    def impl(self) -> str:
+        """LAMB's ``impl`` (``auto``: :func:`omnibert.optim.lamb.choose_impl` decides)."""
+        return str(self._values.get("impl", "auto"))
+
+    @property
+    def compile_min_numel(self) -> int | None:
+        """LAMB's ``compile_min_numel`` (None: the optimiser's default)."""
+        value = self._values.get("compile_min_numel")
+        return None if value is None else int(value)
+
+    @property
+    def fused(self) -> Any:
+        """AdamW's ``fused`` (``auto``, true, false or None)."""
+        return self._values.get("fused")
+
+    @property
+    def foreach(self) -> Any:
+        """AdamW's ``foreach`` (None: torch's choice)."""
+        return self._values.get("foreach")
 
 
 def node_or_none(values: Any, path: str) -> Node | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from omegaconf import MISSING
 
-from omnibert.config.node import Node, node_or_none, nodes
+from omnibert.config.node import Node, Optimizer, node_or_none, nodes
 from omnibert.errors import UserError
 
 SectionT = TypeVar("SectionT")
@@ -34,6 +34,7 @@ __all__ = [
     "Float8Settings",
     "InitialWeights",
     "Nodes",
+    "OptimizerNode",
     "Paths",
     "TargetNode",
     "Trainer",
@@ -339,7 +340,7 @@ def shared_sections(c: Mapping[str, Any]) -> dict[str, Any]:
         "paths": section(Paths, c["paths"], "paths"),
         "accelerator": Accelerator.of(c["accelerator"]),
         "task": Node(c.get("task") or {}, "task"),
-        "optimizer": Node(c["optimizer"], "optimizer"),
+        "optimizer": Optimizer(c["optimizer"]),
         "schedule": node_or_none(c.get("schedule"), "schedule"),
         "trainer": Trainer.of(c["trainer"]),
         "logger": nodes(c.get("logger"), "logger"),
@@ -354,10 +355,11 @@ def shared_sections(c: Mapping[str, Any]) -> dict[str, Any]:
 if TYPE_CHECKING:
     AcceleratorSection = Accelerator
     TargetNode = Node
+    OptimizerNode = Optimizer
     TrainerSection = Trainer
     Nodes = tuple[Node, ...]
 else:  # to OmegaConf, a ``_target_`` node is open: what it builds checks its keys
-    AcceleratorSection = TargetNode = TrainerSection = Nodes = Any
+    AcceleratorSection = TargetNode = OptimizerNode = TrainerSection = Nodes = Any
 #: the schema's default of a group of nodes (``logger``, ``callbacks``): none; built, a run's
 #: config holds a tuple of its nodes
 NO_NODES: Any = None

@@ -33,6 +33,7 @@ from omnibert.config.sections import (
     Checkpointing,
     ConfigError,
     Nodes,
+    OptimizerNode,
     Paths,
     TargetNode,
     TrainerSection,
@@ -76,7 +77,7 @@ class TrainConfig:
     data: TargetNode = MISSING
     task: TargetNode = MISSING
     phase: Phase = MISSING
-    optimizer: TargetNode = MISSING
+    optimizer: OptimizerNode = MISSING
     schedule: Optional[TargetNode] = None  # noqa: UP045 (OmegaConf reads the annotation)
     trainer: TrainerSection = MISSING
     logger: Nodes = NO_NODES
