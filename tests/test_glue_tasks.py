@@ -133,7 +133,7 @@ def test_every_glue_task_config_scores_and_writes_the_server_files(task, hub, tm
         "model.init_from=unused", f"paths.output_root={tmp_path / 'runs'}",
         "data.predict_test=true", *FAST,
     ]), FineTuneInputError))  # fmt: skip
-    labels = inputs.recipe["num_labels"]
+    labels = inputs.recipe.num_labels
     assert labels == (1 if LABELS[task] is None else len(LABELS[task]))
     tokenizer = build_tokenizer(bert_vocab_file)
     generator = torch.Generator().manual_seed(0)

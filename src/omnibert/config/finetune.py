@@ -5,6 +5,7 @@ every range checked beside its field (the task's recipe against its data is chec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Optional
@@ -36,7 +37,7 @@ from omnibert.config.sections import (
 )
 from omnibert.errors import UserError
 
-__all__ = ["PADDINGS", "FinetuneConfig", "FinetuneData"]
+__all__ = ["PADDINGS", "FinetuneConfig", "FinetuneData", "Recipe"]
 
 EXAMPLE = (
     "e.g. omnibert-finetune task=mrpc model.init_from=<checkpoint> (data from the Hub's "
@@ -84,6 +85,53 @@ class FinetuneData:
             "test_file": self.test_file,
             "cache_dir": self.cache_dir,
         }
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A fine-tuning task's recipe: the task node's own keys (``conf/task/<name>.yaml``
+    without ``_target_`` and the like), those the run reads as typed fields, ``settings`` all
+    of them as the task's data (features, predictions) and the checkpoint read and keep
+    them."""
+
+    name: str
+    epochs: int
+    batch_size: int
+    eval_batch_size: int
+    max_seq_length: int
+    #: the peak LR (``task.lr``; None: the optimizer node's own)
+    lr: float | None = None
+    #: GLUE's classes (1: a regression score); None: a task without a classifier (SQuAD)
+    num_labels: int | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    #: the keys that must be whole numbers of at least 1
+    COUNTS = ("epochs", "batch_size", "max_seq_length", "eval_batch_size")
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], error: type[UserError] = ConfigError) -> Recipe:
+        """The recipe of a task node's (or a checkpoint's recorded) ``values``; a count that is
+        not a positive integer is one ``error`` sentence naming ``task.<key>``."""
+        settings = {k: v for k, v in values.items() if not str(k).startswith("_")}
+        for key in cls.COUNTS:
+            value = settings.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise error(f"task.{key}={value!r} must be a positive integer; fix it.")
+        lr, labels = settings.get("lr"), settings.get("num_labels")
+        return cls(
+            name=str(settings.get("name")),
+            epochs=int(settings["epochs"]),
+            batch_size=int(settings["batch_size"]),
+            eval_batch_size=int(settings["eval_batch_size"]),
+            max_seq_length=int(settings["max_seq_length"]),
+            lr=float(lr) if isinstance(lr, int | float) and not isinstance(lr, bool) else None,
+            num_labels=None if labels is None else int(labels),
+            settings=MappingProxyType(settings),
+        )
+
+    def plain(self) -> dict[str, Any]:
+        """The settings as a plain dict (what the task's data functions take)."""
+        return dict(self.settings)
 
 
 @dataclass
@@ -141,10 +189,10 @@ class FinetuneConfig:
     def task_name(self) -> str:
         return str(self.task.get("name"))
 
-    @property
-    def recipe(self) -> dict[str, Any]:
-        """The task node's settings (its keys without ``_target_`` and the like)."""
-        return {k: v for k, v in self.task.items() if not str(k).startswith("_")}
+    def recipe(self, error: type[UserError] = ConfigError) -> Recipe:
+        """The task's :class:`Recipe` (a count that is not a positive integer: one ``error``
+        sentence)."""
+        return Recipe.of(self.task, error)
 
     def target_nodes(self) -> list[Node]:
         """Every ``_target_`` node of the run, for checks of what they build."""
