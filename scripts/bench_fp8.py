@@ -61,6 +61,8 @@ from bench_gpu_measure import compile_scoped, raise_recompile_limit, take_batche
 from bench_gpu_sides import on_device
 from benchharness import Deadline, ResultsFile, Rounds, apply_presets, run_rounds
 
+from omnibert.config import TrainConfig
+
 #: fp8's mean training loss over the tail within this share of bf16's (stated before the run)
 TOLERANCE = 0.01
 #: bf16's tail mean must be this share below its first steps' mean, or the pair says nothing:
@@ -216,7 +218,7 @@ def compose_side(args: argparse.Namespace, root: Path, precision: str) -> Any:
         overrides += ["accelerator.allow_slow_bf16=true", "accelerator.compile=false"]
     if args.attention:
         overrides.append(f"model.config.attention={args.attention}")
-    return prepare(compose("pretrain", [*overrides, *args.override]))
+    return prepare(TrainConfig.of(compose("pretrain", [*overrides, *args.override])))
 
 
 #: masks per sequence the real text is prepared with, by sequence length (the phases')

@@ -39,6 +39,7 @@ from benchharness import Deadline, Region, Rounds, Turn, run_rounds
 from torch import Tensor, nn
 
 from omnibert.accelerators.peaks import device_peak_flops
+from omnibert.config import TrainConfig
 
 
 def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
@@ -91,7 +92,7 @@ def compose_run(args: argparse.Namespace, case: Case, root: Path) -> Any:
     if case.graphs is not None:
         overrides.append(f"accelerator.cuda_graphs={str(case.graphs == 'on').lower()}")
     overrides += args.override or []
-    return prepare(compose("pretrain", overrides))
+    return prepare(TrainConfig.of(compose("pretrain", overrides)))
 
 
 def take_batches(prepared: Any, count: int) -> list[dict[str, Tensor]]:

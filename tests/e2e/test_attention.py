@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from omnibert.config import TrainConfig
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
 from omnibert.models.attention import DenseAttention, Unpadded
 from omnibert.models.attention_choice import AUTO_CHOICES, check_backend, resolve_attention
@@ -351,7 +352,7 @@ def test_auto_is_resolved_in_the_plan_and_flex_on_cpu_is_refused_before_compute(
     from omnibert.apps.train import run_or_exit
     from omnibert.run.pretraining.job import prepare
 
-    auto = prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}"]))
+    auto = prepare(TrainConfig.of(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}"])))
     train, evaluate = (
         resolve_attention("auto", "cpu", True, 32),
         resolve_attention("auto", "cpu", False, 32),

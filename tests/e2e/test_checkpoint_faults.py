@@ -248,7 +248,7 @@ def test_the_plan_estimates_a_checkpoint_within_ten_percent(tmp_path, compose_co
     from omnibert.run.pretraining.job import prepare
 
     overrides = (*model, "phase.max_steps=1", "callbacks.checkpoint.keep_last=0")
-    plan = prepare(compose_config(*SMOKE, *overrides, root=tmp_path)).plan
+    plan = prepare(TrainConfig.of(compose_config(*SMOKE, *overrides, root=tmp_path))).plan
     space = plan.checkpoint_space
     assert space["at_most"] == 2  # last.ckpt and one being written
     assert dict(plan.rows())["checkpoint space"].startswith("about ")
@@ -265,7 +265,7 @@ def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
 
     monkeypatch.setattr(space, "free_bytes", lambda path: 100_000)
     with pytest.raises(UserError) as refused:
-        prepare(compose_config(*SMOKE, root=tmp_path))
+        prepare(TrainConfig.of(compose_config(*SMOKE, root=tmp_path)))
     folder = tmp_path / "smoke" / "checkpoints"
     assert str(refused.value) == (
         f"paths.checkpoint_dir={folder} has 97.7 KiB free on its file system, less than one "
@@ -273,7 +273,7 @@ def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
         "to a file system with room."
     )
     monkeypatch.setattr(space, "free_bytes", lambda path: 800_000)  # 3 of 5 fit
-    space = prepare(compose_config(*SMOKE, root=tmp_path)).plan.checkpoint_space
+    space = prepare(TrainConfig.of(compose_config(*SMOKE, root=tmp_path))).plan.checkpoint_space
     assert space["at_most"] == 5 and space["warning"] == (
         "the checkpoints of this run need up to 1.2 MiB (5 of about 250.6 KiB: keep_last=3, "
         f"last.ckpt and one being written) but 781.2 KiB are free for them under "

@@ -12,6 +12,7 @@ import pytest
 
 from omnibert.apps.compose import compose
 from omnibert.apps.preflight import ConfigTypeError, check_command_line
+from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 from omnibert.paths import PathError
 
@@ -89,7 +90,7 @@ def test_keys_of_built_objects_are_checked_against_what_they_build(
 
     cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
     with pytest.raises(UserError) as refused:
-        prepare(cfg)
+        prepare(TrainConfig.of(cfg))
     assert str(refused.value).startswith(expected)
     assert str(refused.value).endswith(f"; fix {override.split('=')[0]}.")
     assert not list(tmp_path.iterdir())

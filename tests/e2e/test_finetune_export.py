@@ -26,7 +26,9 @@ from glue_data import hub_glue_dir
 from omnibert.apps import export as export_app
 from omnibert.apps import finetune, predict
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig
 from omnibert.convert import ConversionError, export_hf, init_from_hf
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.models import BertConfig, BertForPreTraining
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -371,7 +373,7 @@ def test_a_head_of_another_task_starts_afresh_with_a_note(runs, tmp_path):
     for task, (data, source, note) in cases.items():
         cfg = compose("finetune", [f"task={task}", *data, f"model.init_from={source}",
                                    f"paths.output_root={tmp_path / task}", *FAST])  # fmt: skip
-        prepared = prepare(cfg)
+        prepared = prepare(FinetuneConfig.of(cfg, FineTuneInputError))
         assert f"note: model.init_from={source} has {note}" in prepared.init.description
         built = build(prepared, Path(cfg.paths.run_dir))
         assert built.new_keys[:2] == ["classifier.weight", "classifier.bias"]

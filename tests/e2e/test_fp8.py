@@ -32,7 +32,9 @@ from omnibert.accelerators.gpu import GPUPlugin
 from omnibert.apps import export as export_app
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import FinetuneConfig, TrainConfig
 from omnibert.config.sections import ConfigError, Float8Settings
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.heads import BertForSequenceClassification
 from omnibert.run.pretraining import job as pretraining
@@ -185,7 +187,7 @@ def test_fp8_without_torchao_names_the_install_command(monkeypatch, tmp_path) ->
     cfg = compose("pretrain", ["experiment=smoke", "trainer=fp8", "trainer.fp8.emulate=true",
                                f"paths.output_root={tmp_path}"])  # fmt: skip
     with pytest.raises(Float8Error) as refused:
-        pretraining.prepare(cfg)
+        pretraining.prepare(TrainConfig.of(cfg))
     assert INSTALL in str(refused.value) and "bf16-mixed" in str(refused.value)
     with pytest.raises(Float8Error):
         check_float8(CPUPlugin(), emulate=True)
@@ -205,7 +207,7 @@ def _train(root: Path, *overrides: str) -> dict[str, Any]:
     """A :data:`PAIR` run through omnibert-train's own functions: the losses per step, the
     weights before and after, the plan and the last checkpoint."""
     cfg = compose("pretrain", [*PAIR, f"paths.output_root={root}", *overrides])
-    prepared = pretraining.prepare(cfg)
+    prepared = pretraining.prepare(TrainConfig.of(cfg))
     run = pretraining.build(prepared, root / "out")
     start = {k: v.detach().clone() for k, v in run.task.model.state_dict().items()}
     threads = torch.get_num_threads()
@@ -294,7 +296,7 @@ def test_a_run_resumes_across_precisions(pair, tmp_path, written, resumed) -> No
     shutil.copytree(pair[written]["root"], root)
     cfg = compose("pretrain", [*PAIR, f"paths.output_root={root}", "phase.max_steps=22",
                                "ckpt_path=last", "logger=none", *resumed])  # fmt: skip
-    prepared = pretraining.prepare(cfg)
+    prepared = pretraining.prepare(TrainConfig.of(cfg))
     assert prepared.plan.ckpt_path.endswith("last.ckpt")
     run = pretraining.build(prepared, root / "out")
     summary = pretraining.fit(run)
@@ -332,7 +334,7 @@ def test_fine_tuning_trains_in_fp8_through_the_shared_pipeline(tmp_path, tiny_hf
         "task.max_seq_length=32", "logger=none", "trainer.enable_progress_bar=false",
         "trainer=fp8", "trainer.fp8.emulate=true",
     ])  # fmt: skip
-    prepared = finetuning.prepare(cfg)
+    prepared = finetuning.prepare(FinetuneConfig.of(cfg, FineTuneInputError))
     plan = prepared.plan
     assert plan.precision == "fp8" and plan.kernels["precision"].startswith("fp8 (torchao ")
     assert set(plan.float8.bf16_layers) == {"bert.pooler.dense", "classifier"}

@@ -22,6 +22,7 @@ from glue_data import LABELS, hub_glue_dir
 
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig
 from omnibert.finetune.tokenizer import FineTuneInputError
 
 FAST = ["task.epochs=1", "task.batch_size=8", "task.max_seq_length=32", "task.lr=1e-3",
@@ -127,12 +128,12 @@ def test_every_glue_task_config_scores_and_writes_the_server_files(task, hub, tm
     from omnibert.run.finetuning.inputs import check_inputs
     from omnibert.run.finetuning.outputs import evaluate_finetuned
 
-    inputs = check_inputs(compose("finetune", [
+    inputs = check_inputs(FinetuneConfig.of(compose("finetune", [
         f"task={task}", f"data.dataset={hub}", f"data.cache_dir={tmp_path / 'cache'}",
         "model.init_from=unused", f"paths.output_root={tmp_path / 'runs'}",
         "data.predict_test=true", *FAST,
-    ]))  # fmt: skip
-    labels = inputs.recipe["num_labels"]
+    ]), FineTuneInputError))  # fmt: skip
+    labels = inputs.recipe.num_labels
     assert labels == (1 if LABELS[task] is None else len(LABELS[task]))
     tokenizer = build_tokenizer(bert_vocab_file)
     generator = torch.Generator().manual_seed(0)

@@ -22,6 +22,7 @@ from omnibert.accelerators.cpu import CPUPlugin
 from omnibert.accelerators.gpu import GPUPlugin, compile_settings
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config.node import Optimizer
 from omnibert.optim import AdamW
 from omnibert.run.pipeline.kernels import adamw_choice, kernel_choices
 from omnibert.tasks.pretraining import PretrainingTask
@@ -277,11 +278,14 @@ def test_adamw_fused_auto_is_torch_default_off_cuda_and_reported_as_built():
     model = torch.nn.Linear(4, 4)
     auto = AdamW(model.named_parameters(), fused="auto")
     assert auto.impl == "for-loop" and not auto.param_groups[0]["fused"]
-    assert adamw_choice({"fused": "auto"}, torch.device("cpu")) == f"{auto.impl} (torch)"
+    assert adamw_choice(Optimizer({"fused": "auto"}), torch.device("cpu")) == f"{auto.impl} (torch)"
     # the kernel auto picks on CUDA, run where torch has it on CPU too (torch >= 2.4)
     fused = AdamW(model.named_parameters(), fused=True)
     assert fused.impl == "fused"
-    assert adamw_choice({"fused": "auto"}, torch.device("cuda")) == "fused (torch, optimizer.fused)"
+    assert (
+        adamw_choice(Optimizer({"fused": "auto"}), torch.device("cuda"))
+        == "fused (torch, optimizer.fused)"
+    )
     # both kernels take the same step
     torch.manual_seed(0)
     a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
@@ -306,7 +310,9 @@ def test_kernel_rows_name_the_triton_lamb_on_a_cuda_device(monkeypatch):
     plugin = GPUPlugin()
     model = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 1,
              "num_attention_heads": 2, "intermediate_size": 64}  # fmt: skip
-    rows = kernel_choices(plugin, model, {"_target_": "omnibert.optim.Lamb"}, "bf16-mixed", "x")
+    rows = kernel_choices(
+        plugin, model, Optimizer({"_target_": "omnibert.optim.Lamb"}), "bf16-mixed", "x"
+    )
     assert rows["optimizer"] == "LAMB triton, omnibert_kernels (optimizer.impl=auto on CUDA)"
     assert rows["attention"].startswith("SDPA")
     assert rows["precision"] == "bf16-mixed (x)"
@@ -319,6 +325,8 @@ def test_lamb_row_follows_the_cpu_size_threshold():
     from omnibert.run.pipeline.kernels import lamb_choice
 
     cpu = torch.device("cpu")
-    assert lamb_choice({}, cpu, 21_000_000).startswith("compiled ")
-    assert lamb_choice({"compile_min_numel": 10**9}, cpu, 21_000_000).startswith("foreach ")
-    assert lamb_choice({"impl": "reference"}, cpu, 10) == "reference (optimizer.impl)"
+    assert lamb_choice(Optimizer({}), cpu, 21_000_000).startswith("compiled ")
+    assert lamb_choice(Optimizer({"compile_min_numel": 10**9}), cpu, 21_000_000).startswith(
+        "foreach "
+    )
+    assert lamb_choice(Optimizer({"impl": "reference"}), cpu, 10) == "reference (optimizer.impl)"

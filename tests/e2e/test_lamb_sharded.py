@@ -32,6 +32,7 @@ import torch
 from lamb_sharded_worker import CASES, LAMB, batches
 from test_model import model_of
 
+from omnibert.config import TrainConfig
 from omnibert.optim import Lamb
 
 WORKER = Path(__file__).parents[1] / "lamb_sharded_worker.py"
@@ -140,7 +141,7 @@ def test_the_task_hands_fsdp1s_group_to_lamb_or_refuses_micro_batch_clipping(
     group = object()
     monkeypatch.setattr(sharding, "fsdp_shard_group", lambda module: group)
     overrides = [*SMOKE, f"paths.output_root={tmp_path}", f"optimizer={optimizer}"]
-    built = build(prepare(compose("pretrain", overrides)))
+    built = build(prepare(TrainConfig.of(compose("pretrain", overrides))))
     if optimizer == "lamb_mlperf":  # clips each micro-batch: not implemented on shards
         with pytest.raises(UserError, match=r"^clip_grad_per_micro_batch .*strategy=fsdp .*=null"):
             built.task.configure_optimizers()

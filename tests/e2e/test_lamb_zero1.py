@@ -50,6 +50,7 @@ from omnibert.accelerators.cpu import CPUPlugin
 from omnibert.accelerators.gpu import GPUPlugin
 from omnibert.accelerators.hpu import HPUPlugin
 from omnibert.accelerators.ipu import IPUPlugin
+from omnibert.config import TrainConfig
 from omnibert.optim.zero1_plan import elements_per_rank
 
 WORKER = Path(__file__).parents[1] / "lamb_zero1_worker.py"
@@ -204,7 +205,7 @@ def test_the_plan_prints_the_optimizer_state_per_rank(tmp_path, compose_config):
         "experiment=smoke", f"paths.output_root={tmp_path}", "accelerator.devices=2",
         "accelerator.optimizer_sharding=zero1",
     )  # fmt: skip
-    prepared = prepare(cfg)
+    prepared = prepare(TrainConfig.of(cfg))
     line = prepared.plan.kernels["optimizer state"]
     model = BertForPreTraining(prepared.plan.model)
     groups = build_optimizer(prepared.config.optimizer, model.named_parameters()).param_groups
@@ -215,7 +216,9 @@ def test_the_plan_prints_the_optimizer_state_per_rank(tmp_path, compose_config):
         f"{min(shares):,} to {max(shares):,} parameters each) against {total * 8 / 1024:.1f} "
         f"KiB (8 B x {total:,} parameters) unsharded"
     )
-    unsharded = prepare(compose_config("experiment=smoke", f"paths.output_root={tmp_path}"))
+    unsharded = prepare(
+        TrainConfig.of(compose_config("experiment=smoke", f"paths.output_root={tmp_path}"))
+    )
     assert unsharded.plan.kernels["optimizer state"] == (
         f"{total * 8 / 1024:.1f} KiB (8 B x {total:,} parameters)"
     )

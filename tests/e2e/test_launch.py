@@ -15,6 +15,7 @@ import torch
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfig
 from omnibert.run.pretraining.job import prepare
 from omnibert.run.sizing import memory
 
@@ -100,8 +101,8 @@ def test_a_job_requeued_at_its_time_limit_resumes_to_the_uninterrupted_result(tm
 def test_the_natural_first_command_gets_a_micro_batch_that_fits(tmp_path):
     """omnibert-train model=bert_tiny data=generated used to take micro batch 65536 (global /
     devices) and be killed for memory; now the largest size within the budget is chosen."""
-    prepared = prepare(compose("pretrain", ["model=bert_tiny", "data=generated",
-                                            "phase.max_steps=3", f"paths.output_root={tmp_path}"]))  # fmt: skip
+    prepared = prepare(TrainConfig.of(compose("pretrain", ["model=bert_tiny", "data=generated",
+                                            "phase.max_steps=3", f"paths.output_root={tmp_path}"])))  # fmt: skip
     batch = prepared.plan.batch
     assert batch.micro_batch_size < 65536 and 65536 % batch.micro_batch_size == 0
     assert batch.micro_batch_size * batch.accumulate_grad_batches == 65536

@@ -146,7 +146,7 @@ def test_packed_samples_count_sequences_not_rows(tmp_path):
     cfg = compose("pretrain", overrides)
     from omnibert.run.pretraining.job import prepare as prepare_run
 
-    datamodule = prepare_run(cfg).datamodule  # the run's own data, read again below
+    datamodule = prepare_run(TrainConfig.of(cfg)).datamodule  # the run's own data, read again below
     summary = run_or_exit(cfg, tmp_path / "out")
     datamodule.setup("fit")
     rows = summary["plan"]["batch"]["rows_per_step"]

@@ -14,6 +14,7 @@ import torch
 from training_state import load_state
 
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfig
 from omnibert.config.sections import ConfigError
 from omnibert.optim import Lamb
 from omnibert.optim.nonfinite import first_nonfinite_gradient, guard
@@ -217,7 +218,9 @@ def _fp16_run(compose_config, root: Path, monkeypatch, *overrides: str) -> dict:
 
     from omnibert.run.pretraining.job import build, fit, prepare
 
-    prepared = prepare(compose_config(*SMOKE, "phase.max_steps=6", *overrides, root=root))
+    prepared = prepare(
+        TrainConfig.of(compose_config(*SMOKE, "phase.max_steps=6", *overrides, root=root))
+    )
     own = prepared.plugin.trainer_kwargs
 
     def fp16_kwargs(precision: str) -> dict:

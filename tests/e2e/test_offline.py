@@ -17,6 +17,7 @@ import pytest
 from glue_data import hub_glue_dir
 
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig
 from omnibert.finetune import sources
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.run.finetuning.inputs import check_inputs
@@ -99,10 +100,10 @@ def test_an_unreachable_hub_loads_a_cached_dataset_and_leaves_the_libraries_onli
     datasets.load_dataset(str(hub_glue_dir(tmp_path / "glue", ["rte"])), "rte",
                           cache_dir=tmp_path / "cache")  # fmt: skip
     (tmp_path / "cache" / "glue").rename(tmp_path / "cache" / "nyu-mll___glue")
-    inputs = check_inputs(compose("finetune", [
+    inputs = check_inputs(FinetuneConfig.of(compose("finetune", [
         "task=rte", "model.init_from=unused-by-the-checks",
         f"paths.output_root={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}",
-    ]))  # fmt: skip
+    ]), FineTuneInputError))  # fmt: skip
     assert inputs.where["train"] == "nyu-mll/glue (rte, split train)"
     assert len(inputs.train) == 24 and len(inputs.evals["validation"]) == 12
     assert sources.hub_unreachable() is not None

@@ -15,6 +15,7 @@ import torch
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfig
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare as prepare_shards
 from omnibert.run.pretraining.job import build_task, prepare
@@ -77,7 +78,7 @@ def test_phase_two_takes_phase_one_final_weights(straight, tmp_path):
     cfg = compose("pretrain", [*TWO, f"paths.output_root={tmp_path}"])
     (_, _), (_, phase2) = derive_phases(cfg)
     phase1_last = straight["root"] / "smoke-phase1" / "checkpoints" / "last.ckpt"
-    task, loaded = build_task(prepare(compose_with(phase2, phase1_last)))
+    task, loaded = build_task(prepare(TrainConfig.of(compose_with(phase2, phase1_last))))
     assert "fresh optimiser" in loaded
     weights = {k.removeprefix("model."): v for k, v in _ckpt(phase1_last)["state_dict"].items()}
     for name, value in task.model.state_dict().items():

@@ -22,6 +22,7 @@ from training_state import load_state
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfig
 from omnibert.errors import UserError
 from omnibert.run.pretraining.job import prepare
 
@@ -209,7 +210,7 @@ def test_what_cannot_be_honoured_is_refused_in_one_sentence(
     before = {p.name: p.stat().st_mtime_ns for p in ckpt.parent.iterdir()}
     config = compose_config(*SMOKE, "ckpt_path=last", *overrides, root=two_steps)
     with pytest.raises(UserError) as refused:
-        prepare(config)
+        prepare(TrainConfig.of(config))
     assert str(refused.value) == sentence.format(ckpt=ckpt)
     assert {p.name: p.stat().st_mtime_ns for p in ckpt.parent.iterdir()} == before
 
@@ -226,9 +227,9 @@ def test_the_way_out_of_a_refusal_followed_literally_trains(two_steps, compose_c
 
 
 def test_the_plan_names_no_change_when_nothing_changed(two_steps, compose_config):
-    plan = prepare(compose_config(*SMOKE, "ckpt_path=last", "phase.max_steps=2",
+    plan = prepare(TrainConfig.of(compose_config(*SMOKE, "ckpt_path=last", "phase.max_steps=2",
                                   "callbacks.checkpoint.every_n_train_steps=1",
-                                  root=two_steps)).plan  # fmt: skip
+                                  root=two_steps))).plan  # fmt: skip
     assert plan.resume_changes == []
     assert "resume changes      none: the checkpoint's settings" in plan.table()
 

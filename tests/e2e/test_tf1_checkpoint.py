@@ -19,6 +19,7 @@ import transformers
 from omnibert.apps import export as export_app
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfig
 from omnibert.convert.tf1 import (
     google_names,
     is_ignored,
@@ -342,7 +343,7 @@ def train_overrides(tmp_path: Path, *extra: str) -> list[str]:
 
 def test_training_starts_from_a_tf1_checkpoint(tmp_path: Path, expected) -> None:
     cfg = compose("pretrain", train_overrides(tmp_path))
-    prepared = prepare(cfg)
+    prepared = prepare(TrainConfig.of(cfg))
     assert prepared.plan.init_bert_config == str(BERT_CONFIG)
     task, loaded = build_task(prepared)
     assert loaded.startswith(f"TensorFlow checkpoint {PREFIX}: 46 tensors"), loaded
@@ -373,16 +374,16 @@ def test_training_starts_from_a_tf1_checkpoint(tmp_path: Path, expected) -> None
 def test_training_refuses_a_tf1_checkpoint_of_another_architecture(tmp_path: Path) -> None:
     cfg = compose("pretrain", train_overrides(tmp_path, "model.config.hidden_size=32"))
     with pytest.raises(UserError) as err:
-        prepare(cfg)
+        prepare(TrainConfig.of(cfg))
     text = one_sentence(err)
     assert "hidden_size=16 (this model: 32)" in text and str(BERT_CONFIG) in text
     cfg = compose("pretrain", train_overrides(tmp_path, "model.init_from=null"))
     with pytest.raises(UserError) as err:
-        prepare(cfg)
+        prepare(TrainConfig.of(cfg))
     assert "model.bert_config" in one_sentence(err)
     missing = copy_checkpoint(SHARDED, tmp_path / "missing")
     Path(f"{missing}.data-00000-of-00002").unlink()
     cfg = compose("pretrain", train_overrides(tmp_path, f"model.init_from={missing}"))
     with pytest.raises(UserError) as err:
-        prepare(cfg)  # before any model is built
+        prepare(TrainConfig.of(cfg))  # before any model is built
     assert "data-00000-of-00002 is missing" in one_sentence(err)

@@ -15,7 +15,8 @@ from test_experiments import SMALL
 from omnibert.apps.compose import compose, group_options
 from omnibert.apps.train import run_or_exit
 from omnibert.checkpoints.resuming import resolve_ckpt_path
-from omnibert.config import TrainConfigError
+from omnibert.config import TrainConfig, TrainConfigError
+from omnibert.config.node import Optimizer
 from omnibert.errors import UserError
 from omnibert.formats.hdf5 import write_hdf5
 from omnibert.formats.tfrecord import write_tfrecord
@@ -229,8 +230,8 @@ def test_phase2_is_the_seq512_recipe_from_phase1(tmp_path, compose_config):
 
 def test_the_schedule_runs_the_phase_and_the_optimizer_lr_follows_the_phase(tmp_path):
     """The task builds the schedule phase.max_steps long; LAMB's LR is the phase's."""
-    built = build(prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
-                                               "phase.max_steps=300", "phase.lr.lamb=3e-3"])))  # fmt: skip
+    built = build(prepare(TrainConfig.of(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
+                                               "phase.max_steps=300", "phase.lr.lamb=3e-3"]))))  # fmt: skip
     out = built.task.configure_optimizers()
     assert out["lr_scheduler"]["scheduler"].total_steps == 300
     assert out["optimizer"].defaults["lr"] == 3e-3
@@ -244,8 +245,8 @@ def test_switching_the_optimizer_never_inherits_another_optimizers_lr(tmp_path, 
         run_or_exit(compose("pretrain", [*SMOKE, "optimizer=adamw"]), tmp_path)
     err = capsys.readouterr().err.strip()
     assert "phase.lr.adamw" in err and "optimizer.lr=" in err and len(err.splitlines()) == 1
-    built = build(prepare(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
-                                               "optimizer=adamw", "+phase.lr.adamw=2e-4"])))  # fmt: skip
+    built = build(prepare(TrainConfig.of(compose("pretrain", [*SMOKE, f"paths.output_root={tmp_path}",
+                                               "optimizer=adamw", "+phase.lr.adamw=2e-4"]))))  # fmt: skip
     optimizer = built.task.configure_optimizers()["optimizer"]
     assert type(optimizer).__name__ == "AdamW" and optimizer.defaults["lr"] == 2e-4
 
@@ -289,7 +290,9 @@ def test_range_errors_stop_before_compute_naming_the_key(tmp_path, capsys, overr
 
 
 def test_experiments_are_small(tmp_path, compose_config):
-    smoke = prepare(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
+    smoke = prepare(
+        TrainConfig.of(compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}"]))
+    )
     assert smoke.plan.batch.accumulate_grad_batches == 2
     assert smoke.config.data["source"]["_target_"].endswith("GeneratedSource")
     demo = compose_config.resolved(f"paths.output_root={tmp_path}", "experiment=demo")
@@ -340,16 +343,16 @@ def test_impossible_batch_arithmetic_is_one_clear_sentence(args, words):
 
 
 def test_vocab_size_comes_from_the_data_or_must_match():
-    assert resolve_vocab_size({"vocab_size": None}, 7335) == 7335
-    assert resolve_vocab_size({"vocab_size": 7335}, 7335) == 7335
+    assert resolve_vocab_size(None, 7335) == 7335
+    assert resolve_vocab_size(7335, 7335) == 7335
     with pytest.raises(TrainConfigError, match=r"model\.config\.vocab_size=30522"):
-        resolve_vocab_size({"vocab_size": 30522}, 7335)
+        resolve_vocab_size(30522, 7335)
 
 
 def test_clipping_is_decided_once():
-    lamb = {"_target_": "omnibert.optim.Lamb", "max_grad_norm": 1.0}
-    mlperf = {"_target_": "omnibert.optim.Lamb", "max_grad_norm": None}
-    adamw = {"_target_": "omnibert.optim.AdamW"}
+    lamb = Optimizer({"_target_": "omnibert.optim.Lamb", "max_grad_norm": 1.0})
+    mlperf = Optimizer({"_target_": "omnibert.optim.Lamb", "max_grad_norm": None})
+    adamw = Optimizer({"_target_": "omnibert.optim.AdamW"})
     assert resolve_clipping("auto", lamb) is None
     assert resolve_clipping("auto", mlperf) == 1.0
     assert resolve_clipping("auto", adamw) is None
@@ -366,15 +369,17 @@ def test_lamb_mlperf_turns_on_micro_batch_clipping(tmp_path, compose_config):
     c = compose_config.resolved(
         f"paths.output_root={tmp_path}", "experiment=smoke", "optimizer=lamb_mlperf"
     )
-    assert resolve_clipping(c["clip_grad_per_micro_batch"], c["optimizer"]) == 1.0
+    assert resolve_clipping(c["clip_grad_per_micro_batch"], Optimizer(c["optimizer"])) == 1.0
 
 
 def test_bad_optimizer_or_schedule_keys_fail_before_compute():
     with pytest.raises(TrainConfigError, match="optimizer"):
         check_optimizer(
-            {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1, "x": 1}, None, 10
+            Optimizer({"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1, "x": 1}),
+            None,
+            10,
         )
-    opt = {"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1e-3}
+    opt = Optimizer({"_target_": "omnibert.optim.Lamb", "_partial_": True, "lr": 1e-3})
     sched = {"_target_": "omnibert.optim.schedules.PolyWarmupLR", "_partial_": True}
     with pytest.raises(TrainConfigError, match="schedule"):
         check_optimizer(opt, sched, 0)

@@ -16,6 +16,7 @@ import torch
 from omnibert.accelerators import AcceleratorError, build_plugin
 from omnibert.accelerators.hpu import HPUPlugin
 from omnibert.apps.train import run
+from omnibert.config import TrainConfig
 
 FAKE_SDK = Path(__file__).parents[1] / "fakes" / "sdk"  # (conftest.fake_sdk puts it on sys.path)
 
@@ -345,7 +346,7 @@ def test_a_run_trains_with_the_configured_optimizer(
 
     cfg = compose_config("experiment=smoke", f"paths.output_root={tmp_path}",
                    f"accelerator={accelerator}", f"optimizer={optimizer}")  # fmt: skip
-    task, _ = build_task(prepare(cfg))
+    task, _ = build_task(prepare(TrainConfig.of(cfg)))
     assert task.hparams["optimizer"]["_target_"] == cfg.optimizer._target_
     optimizer_obj = task.configure_optimizers()["optimizer"]
     expected = {"lamb": "Lamb", "lamb_habana": "FusedLamb", "lamb_poptorch": "LAMB"}[optimizer]
@@ -408,7 +409,7 @@ def test_static_graph_backends_refuse_dynamic_attention_before_compute(
                          f"model.config.attention={attention}", "optimizer=adamw",
                          "+phase.lr.adamw=1e-4", root=tmp_path)  # fmt: skip
     with pytest.raises(BertConfigError, match=sentence) as refused:
-        prepare(cfg)
+        prepare(TrainConfig.of(cfg))
     assert str(refused.value).count(". ") == 0 and "use auto, sdpa" in str(refused.value)
 
 
@@ -424,7 +425,7 @@ def test_hpu_fake_plans_modern_tiny_and_runs_its_lazy_step(
 
     cfg = compose_config("experiment=smoke", "accelerator=hpu", *MODERN_SMOKE,
                          f"model.config.attention={attention}", root=tmp_path)  # fmt: skip
-    prepared = prepare(cfg)
+    prepared = prepare(TrainConfig.of(cfg))
     assert prepared.plan.attention.startswith(attention)
     assert prepared.plan.kernels["compile"] == "lazy mode"
     task, _ = build_task(prepared)

@@ -21,6 +21,8 @@ import pytest
 from faults import damage_column, damage_random_bytes, truncate
 
 from omnibert.apps.compose import compose
+from omnibert.config import TrainConfig, TrainConfigError
+from omnibert.config.tools import EvalConfig
 from omnibert.errors import UserError
 from omnibert.prepare.instances import InstanceSettings
 from omnibert.prepare.pipeline import prepare
@@ -206,7 +208,7 @@ def test_eval_of_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path) ->
 
     cfg = compose("eval", [f"ckpt={damaged_last / 'last.ckpt'}", "data.eval_path=unused"])
     with pytest.raises(UserError) as refused:
-        evaluate_pretrained(cfg)
+        evaluate_pretrained(EvalConfig.of(cfg, TrainConfigError))
     _damaged_message(str(refused.value), "ckpt", damaged_last)
 
 
@@ -216,7 +218,7 @@ def test_resume_from_a_damaged_last_ckpt_names_the_intact_one(damaged_last: Path
     root = damaged_last.parent.parent
     cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={root}", "ckpt_path=last"])
     with pytest.raises(UserError) as refused:
-        prepare_run(cfg)
+        prepare_run(TrainConfig.of(cfg))
     _damaged_message(str(refused.value), "ckpt_path", damaged_last)
 
 

@@ -14,9 +14,10 @@ from finetune_data import mrpc_file
 
 from omnibert.apps import finetune
 from omnibert.apps.compose import compose
-from omnibert.config import FinetuneData
+from omnibert.config import FinetuneConfig, FinetuneData
 from omnibert.errors import UserError
 from omnibert.finetune.batching import TrimPadding, length_order, trimmed_length
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.run.finetuning.outputs import logits
 from omnibert.tasks import QuestionAnsweringTask, SequenceClassificationTask
 
@@ -69,9 +70,7 @@ def test_the_collate_cuts_row_tensors_only_and_max_length_keeps_the_width():
         "input_ids": (3, 24), "segment_ids": (3, 24), "attention_mask": (3, 24), "labels": (3,)
     }  # fmt: skip
     assert torch.equal(cut["input_ids"], rows["input_ids"][:, :24])
-    full = TrimPadding.of(FinetuneData.of({"padding": "max_length", "pad_to_multiple_of": 8}))(
-        items
-    )
+    full = TrimPadding.of(FinetuneData(padding="max_length", pad_to_multiple_of=8))(items)
     assert full["input_ids"].shape == (3, WIDTH)
     with pytest.raises(ValueError, match="pad_to_multiple_of=0"):
         TrimPadding(0)
@@ -138,7 +137,11 @@ def test_the_run_loader_cuts_each_batch_to_its_longest_row(tmp_path, tiny_hf, mr
 
     widths = {}
     for padding in ("longest", "max_length"):
-        prepared = prepare(compose("finetune", [*base, f"data.padding={padding}"]))
+        prepared = prepare(
+            FinetuneConfig.of(
+                compose("finetune", [*base, f"data.padding={padding}"]), FineTuneInputError
+            )
+        )
         run = build(prepared, tmp_path / padding)
         run.prepared.datamodule.trainer = None
         loader = run.prepared.datamodule.train_dataloader()

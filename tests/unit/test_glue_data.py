@@ -15,6 +15,7 @@ import pytest
 from glue_data import glue_split, hub_glue_dir
 
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig
 from omnibert.finetune.glue import text_features
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
 from omnibert.run.finetuning.inputs import check_inputs
@@ -26,10 +27,10 @@ def hub(tmp_path_factory) -> Path:
 
 
 def _inputs(tmp_path: Path, *overrides: str):
-    return check_inputs(compose("finetune", [
+    return check_inputs(FinetuneConfig.of(compose("finetune", [
         "model.init_from=unused-by-the-checks", f"paths.output_root={tmp_path / 'runs'}",
         f"data.cache_dir={tmp_path / 'cache'}", *overrides,
-    ]))  # fmt: skip
+    ]), FineTuneInputError))  # fmt: skip
 
 
 def test_a_directory_in_the_hub_layout_loads_with_the_hub_columns(tmp_path, hub):

@@ -27,6 +27,7 @@ from lightning.pytorch.callbacks import Callback
 
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit
+from omnibert.config import TrainConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -146,7 +147,7 @@ def test_a_run_without_a_micro_batch_times_candidates_on_the_gpu(tmp_path, monke
     overrides = ["experiment=smoke", "accelerator=gpu", "micro_batch_size=null",
                  "micro_batch_probe=true", "phase.global_batch_size=64", "phase.max_steps=1",
                  "val_every_n_steps=null", f"paths.output_root={tmp_path}"]  # fmt: skip
-    plan = prepare(compose("pretrain", overrides)).plan
+    plan = prepare(TrainConfig.of(compose("pretrain", overrides))).plan
     probe = plan.micro_batch_probe
     assert probe is not None and probe["timing"] == CUDA_TIMING
     timed = [size for size, _ in probe["rates"]]

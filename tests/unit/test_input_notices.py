@@ -13,6 +13,9 @@ from finetune_data import mrpc_file
 
 from omnibert.apps import prepare as prepare_app
 from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig
+from omnibert.config.finetune import Recipe
+from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.prepare.text_layout import layout_of, wrap_report, wrapped_warning
 from omnibert.run.finetuning.job import FEW_STEPS, few_steps_notice
 
@@ -187,7 +190,7 @@ def test_omnibert_prepare_warns_and_still_prepares(tmp_path, bert_vocab_file, ca
 
 
 def test_a_plan_of_few_steps_names_epochs_and_batch_size():
-    recipe = {"epochs": 2, "batch_size": 32}
+    recipe = Recipe("squad", epochs=2, batch_size=32, eval_batch_size=64, max_seq_length=384)
     note = few_steps_notice(2, recipe, 27)  # the defaults on a 27-question set
     assert note == (
         "omnibert-finetune: note: only 2 optimiser steps (27 training examples, "
@@ -216,7 +219,7 @@ def test_omnibert_finetune_prints_the_note_with_its_plan(tmp_path, tiny_hf, caps
         "task.max_seq_length=64", "logger=none",
     ])  # fmt: skip
     with pytest.raises(Planned):
-        finetuning.run(cfg)
+        finetuning.run(FinetuneConfig.of(cfg, FineTuneInputError))
     out = capsys.readouterr().out.splitlines()
     plan = next(i for i, line in enumerate(out) if "steps/epoch" in line)
     assert out[plan + 1] == (

@@ -166,7 +166,7 @@ def _room(module: str) -> str:
 
 #: room -> rooms it must never import: arrows run down, from the apps to what they wire
 BELOW_RUN = ("data", "convert", "tasks", "formats", "models", "packing", "tokenization",
-             "optim", "accelerators", "callbacks", "finetune", "schema", "config",
+             "optim", "accelerators", "callbacks", "finetune", "config",
              "checkpoints")  # fmt: skip
 FORBIDDEN = {room: ("prepare", "run", "apps") for room in BELOW_RUN} | {"run": ("apps",)}
 
@@ -211,7 +211,7 @@ LAYERS = (
     ("omnibert", "stopping", "compat", "logs", "reporting"),  # "omnibert": its __version__
     ("errors",),
     ("threads", "paths", "formats", "tokenization", "models", "packing"),
-    ("config", "schema"),
+    ("config",),
     ("optim", "finetune", "accelerators", "convert", "data"),
     ("tasks", "prepare"),
     ("checkpoints",),
@@ -281,7 +281,7 @@ def test_the_rooms_import_only_down_and_the_subjects_of_run_stay_apart():
         ("omnibert.checkpoints.saving", "omnibert.apps.train"),
         ("omnibert.checkpoints.resuming", "omnibert.callbacks.requeue"),
         ("omnibert.models.bert", "omnibert.data.collate"),
-        ("omnibert.config.train", "omnibert.schema"),
+        ("omnibert.config.train", "omnibert.apps.compose"),
         ("omnibert.callbacks.stop", "omnibert.prepare.pipeline"),
     ],
 )
@@ -356,3 +356,28 @@ def test_the_fast_lane_starts_no_job_in_another_process():
     # the rule sees a job where there is one
     assert _job_starts(TESTS / "e2e" / "test_ranks.py")
     assert _job_starts(TESTS / "e2e" / "test_command_line.py")
+
+
+def test_each_config_is_defined_once():
+    """The typed configs of omnibert.config are the schemas Hydra composes against: no second
+    set of schema classes beside them."""
+    assert not (SRC / "schema.py").exists()
+    assert not (SRC / "apps" / "app_schemas.py").exists()
+    from omnibert.apps.compose import SCHEMAS
+
+    assert {module for module, _ in SCHEMAS.values()} <= {
+        m for m in MODULES if m.startswith("omnibert.config.")
+    }
+
+
+def test_no_signature_takes_a_composed_config_or_a_typed_one():
+    """Below the apps, functions take the typed config only (tests compose configs as the apps
+    do and pass the typed config): no ``DictConfig | ...`` parameter anywhere in src/."""
+    either = re.compile(r"DictConfig\s*\|")
+    found = [
+        f"{path.relative_to(SRC)}:{number}"
+        for path in MODULES.values()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if either.search(line)
+    ]
+    assert found == []

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from omnibert.apps.compose import compose
+from omnibert.config import TrainConfig
 from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
@@ -204,14 +205,14 @@ def test_bert_large_at_seq_512_and_micro_batch_32_fits_an_h100(monkeypatch, tmp_
         "phase.global_batch_size=256", "data.num_train_samples=512", "data.num_eval_samples=8",
         f"paths.output_root={tmp_path}",
     ]  # fmt: skip
-    prepared = prepare(compose("pretrain", [*overrides, "micro_batch_size=32"]))
+    prepared = prepare(TrainConfig.of(compose("pretrain", [*overrides, "micro_batch_size=32"])))
     plan = prepared.plan
     assert plan.precision == "bf16-mixed" and plan.batch.micro_batch_size == 32
     assert plan.micro_batch_choice.startswith("set by micro_batch_size; estimate ")
     estimated = float(plan.micro_batch_choice.split("estimate ")[1].split(" GiB")[0])
     assert 12 < estimated < 32, plan.micro_batch_choice
 
-    chosen = prepare(compose("pretrain", overrides)).plan
+    chosen = prepare(TrainConfig.of(compose("pretrain", overrides))).plan
     # 80 % of 80 GiB holds micro batch 64 (the largest divisor of 256 within it): counted as
     # on the CPU it was 8
     assert chosen.batch.micro_batch_size >= 32, chosen.micro_batch_choice

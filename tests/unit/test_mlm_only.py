@@ -26,6 +26,7 @@ from omegaconf import open_dict
 from omnibert.apps import eval as eval_app
 from omnibert.apps.compose import compose
 from omnibert.apps.train import run_or_exit as train
+from omnibert.config import TrainConfig
 from omnibert.data.collate import PretrainingCollator
 from omnibert.data.generated import GeneratedRows
 from omnibert.models import BertConfig
@@ -221,7 +222,7 @@ def test_modern_quickstart_fits_data_prepared_as_its_comment_says(tmp_path, bert
         f"data.eval_path={tmp_path / 'eval'}", f"data.vocab_file={bert_vocab_file}",
         f"paths.output_root={tmp_path / 'runs'}", "data.num_workers=0",
     ])  # fmt: skip
-    plan = prepare(cfg).plan
+    plan = prepare(TrainConfig.of(cfg)).plan
     assert (plan.max_steps, plan.batch.global_batch_size, plan.objective) == (600, 32, "MLM only")
     assert plan.data["max_predictions_per_seq"] == 40 and not plan.model.next_sentence_head
     assert cfg.optimizer.lr == 1e-3 and cfg.schedule._target_.endswith("WarmupStableDecayLR")

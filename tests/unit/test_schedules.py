@@ -271,9 +271,10 @@ def test_wsd_bad_values_are_named():
 
 def test_a_bad_wsd_key_is_one_sentence_before_compute():
     from omnibert.config import TrainConfigError
+    from omnibert.config.node import Optimizer
     from omnibert.run.pretraining.checks import check_optimizer
 
-    optimizer = {"_target_": "omnibert.optim.AdamW", "_partial_": True, "lr": 1e-3}
+    optimizer = Optimizer({"_target_": "omnibert.optim.AdamW", "_partial_": True, "lr": 1e-3})
     schedule = {"_target_": "omnibert.optim.schedules.WarmupStableDecayLR", "_partial_": True,
                 "warmup_steps": 10, "decay_shape": "quadratic"}  # fmt: skip
     with pytest.raises(TrainConfigError, match=r"decay_shape='quadratic'.*fix the schedule keys"):

@@ -7,6 +7,7 @@ editable install and a wheel on a cluster node read the same files.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -21,25 +22,38 @@ CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 _REGISTERED = False
 
 
+#: ConfigStore name -> the module and class of the schema; each config lists its schema
+#: first in its defaults (``- pretrain_schema``); ``schema/pack`` is ``data.pack`` of every
+#: data config
+SCHEMAS = {
+    "pretrain_schema": ("omnibert.config.train", "TrainConfig"),
+    "finetune_schema": ("omnibert.config.finetune", "FinetuneConfig"),
+    "eval_schema": ("omnibert.config.tools", "EvalConfig"),
+    "predict_schema": ("omnibert.config.tools", "PredictConfig"),
+    "export_schema": ("omnibert.config.tools", "ExportConfig"),
+    "prepare_schema": ("omnibert.config.prepare", "PrepareConfig"),
+    "schema/pack": ("omnibert.config.pretraining", "Pack"),
+}
+
+
 def register() -> None:
-    """Put the structured configs (:mod:`omnibert.schema`) in Hydra's ConfigStore and the
-    config resolvers (:mod:`omnibert.run.launching.sweeps`) in OmegaConf (idempotent); every app
-    calls it before composing."""
+    """Put the typed configs (:mod:`omnibert.config`: each app's config class is the schema its
+    config is composed against) in Hydra's ConfigStore and the config resolvers
+    (:mod:`omnibert.run.launching.sweeps`) in OmegaConf (idempotent); every app calls it
+    before composing."""
     global _REGISTERED
     if _REGISTERED:
         return
     from hydra.core.config_store import ConfigStore
 
-    from omnibert.apps.app_schemas import SCHEMAS
     from omnibert.run.launching.sweeps import register_resolvers
-    from omnibert.schema import PackNode, PretrainConfig
 
     register_resolvers()
     store = ConfigStore.instance()
-    for name, node in SCHEMAS.items():
-        store.store(name=name, node=node)
-    store.store(name="pretrain_schema", node=PretrainConfig)
-    store.store(group="schema", name="pack", node=PackNode)
+    for key, (module, name) in SCHEMAS.items():
+        group, _, option = key.rpartition("/")
+        node = getattr(importlib.import_module(module), name)
+        store.store(group=group or None, name=option, node=node)
     _REGISTERED = True
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from omnibert.apps.app_schemas import check_prepare
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
+from omnibert.config.sections import ConfigError, at_least
 from omnibert.data.pack_index import PackIndex, PackIndexError
 from omnibert.errors import exit_on
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
@@ -32,6 +32,32 @@ from omnibert.prepare.text_layout import wrapped_warning
 register()
 
 log = logging.getLogger("omnibert.apps.prepare")
+
+
+def check_prepare(cfg: DictConfig) -> None:
+    """Ranges of ``omnibert-prepare``'s keys (InstanceSettings checks the recipe's own)."""
+    from omnibert.prepare.instances import InstanceSettings
+
+    settings = InstanceSettings.from_config(cfg)
+    try:
+        settings.validate()
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    at_least("random_seed", cfg.random_seed, 0)
+    at_least("num_workers", cfg.num_workers, 1)
+    at_least("eval_samples", cfg.eval_samples, 1)
+    at_least("train_vocab.vocab_size", cfg.train_vocab.vocab_size, 6)
+    at_least("train_vocab.min_frequency", cfg.train_vocab.min_frequency, 1)
+    size = cfg.max_shard_size
+    if (
+        isinstance(size, bool)
+        or not isinstance(size, (int, str))
+        or (isinstance(size, int) and size < 1)
+    ):
+        raise ConfigError(
+            f"max_shard_size={size!r} must be a size such as 500MB or a byte count; fix "
+            "max_shard_size."
+        )
 
 
 def run(cfg: DictConfig) -> None:

@@ -58,10 +58,9 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     return run_phase(config, output_dir)
 
 
-def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> dict[str, Any]:
+def run_phase(config: TrainConfig, output_dir: Path | None = None) -> dict[str, Any]:
     """One training run (one phase; typed by :func:`run` or, one of several, by
     :func:`omnibert.run.pretraining.phases.run_phases`)."""
-    config = cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
     from omnibert import stopping
     from omnibert.accelerators.environment import format_report
     from omnibert.run.pipeline.builders import build_loggers, finish_loggers
@@ -85,7 +84,7 @@ def run_phase(cfg: DictConfig | TrainConfig, output_dir: Path | None = None) -> 
         from omnibert.run.sizing.compile_only import compile_only, report_metrics
 
         report = compile_only(prepared, output_dir)
-        loggers = build_loggers(config.loggers, logged_hyperparameters(prepared))
+        loggers = build_loggers(config.logger, logged_hyperparameters(prepared))
         for logger in loggers:
             logger.log_metrics(report_metrics(report), step=0)
             logger.save()

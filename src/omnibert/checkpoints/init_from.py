@@ -47,6 +47,7 @@ from omnibert.checkpoints.reading import (
 )
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
+from omnibert.config.node import with_composition
 from omnibert.convert.hf import (
     TIED_KEYS,
     family_mismatch,
@@ -135,10 +136,10 @@ def with_checkpoint_architecture(config: TrainConfig) -> TrainConfig:
     path = Path(str(init)) if init is not None else None
     if path is None or not (path.is_dir() and (path / "config.json").is_file()):
         return config
-    fields = dict(config.model.fields)
+    fields = dict(config.model.config)
     pad = int(fields.get("pad_vocab_size_multiple") or 8)
     theirs = dataclasses.asdict(read_hf_config(path).replace(pad_vocab_size_multiple=pad))
-    typed = {k.removeprefix("model.config.") for k in config.command_line}
+    typed = {k.removeprefix("model.config.") for k in config.composition.command_line}
     contradicted = [
         f"model.config.{name}={fields.get(name)!r} (config.json: {value!r})"
         for name, value in theirs.items()
@@ -154,10 +155,12 @@ def with_checkpoint_architecture(config: TrainConfig) -> TrainConfig:
     for name, value in theirs.items():
         if name not in _RUN_FIELDS and name not in typed:
             fields[name] = value
-    raw = copy.deepcopy(dict(config.raw))
-    raw["model"]["config"] = {**raw["model"]["config"], **fields}
-    model = dataclasses.replace(config.model, fields=fields)
-    return dataclasses.replace(config, model=model, raw=MappingProxyType(raw))
+    recorded = copy.deepcopy(dict(config.composition.recorded))
+    if recorded:
+        recorded["model"]["config"] = {**recorded["model"]["config"], **fields}
+    model = dataclasses.replace(config.model, config=fields)
+    composed = dataclasses.replace(config.composition, recorded=MappingProxyType(recorded))
+    return with_composition(dataclasses.replace(config, model=model), composed)
 
 
 def plan_pretraining_init(

@@ -1,5 +1,6 @@
-"""``omnibert-finetune``'s config, typed: built once from the composed config, frozen, every
-range checked beside its field (the task's recipe against its data is checked with the data:
+"""``omnibert-finetune``'s config, typed and defined once: the schema Hydra composes
+``conf/finetune.yaml`` against and, built by :meth:`FinetuneConfig.of`, the run's config with
+every range checked beside its field (the task's recipe against its data is checked with the data:
 :func:`omnibert.run.finetuning.inputs.check_inputs`)."""
 
 from __future__ import annotations
@@ -7,24 +8,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
-from omnibert.config.node import Node, interpolation_origins, resolve
+from omnibert.config.node import (
+    Composition,
+    Node,
+    composition,
+    interpolation_origins,
+    resolve,
+    with_composition,
+)
 from omnibert.config.sections import (
-    Accelerator,
+    NO_NODES,
+    AcceleratorSection,
     Checkpointing,
     ConfigError,
-    Model,
+    InitialWeights,
+    Nodes,
+    OptimizerNode,
     Paths,
-    Trainer,
+    TargetNode,
+    TrainerSection,
     at_least,
+    section,
     shared_sections,
 )
 from omnibert.errors import UserError
 
-__all__ = ["PADDINGS", "FinetuneConfig", "FinetuneData"]
+__all__ = ["PADDINGS", "FinetuneConfig", "FinetuneData", "Recipe"]
 
 EXAMPLE = (
     "e.g. omnibert-finetune task=mrpc model.init_from=<checkpoint> (data from the Hub's "
@@ -34,33 +47,20 @@ EXAMPLE = (
 PADDINGS = ("longest", "max_length")
 
 
-@dataclass(frozen=True)
+@dataclass
 class FinetuneData:
     """``data`` of a fine-tuning run (``conf/finetune.yaml`` documents each key)."""
 
-    dataset: Any
-    train_file: Any
-    eval_file: Any
-    test_file: Any
-    predict_test: bool
-    cache_dir: str | None
-    num_workers: int
-    padding: str
-    pad_to_multiple_of: int
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> FinetuneData:
-        return cls(
-            values.get("dataset"),
-            values.get("train_file"),
-            values.get("eval_file"),
-            values.get("test_file"),
-            bool(values.get("predict_test")),
-            values.get("cache_dir"),
-            int(values.get("num_workers", 0)),
-            str(values.get("padding", "longest")),
-            int(values.get("pad_to_multiple_of", 8)),
-        )
+    # a Hub name or a local directory, or files (a path, or a mapping of split -> path)
+    dataset: Any = None
+    train_file: Any = None
+    eval_file: Any = None
+    test_file: Any = None
+    predict_test: bool = False
+    cache_dir: Optional[str] = None  # noqa: UP045 (OmegaConf reads the annotation)
+    num_workers: int = 0
+    padding: str = "longest"
+    pad_to_multiple_of: int = 8
 
     def __post_init__(self) -> None:
         at_least("data.num_workers", self.num_workers, 0)
@@ -88,53 +88,114 @@ class FinetuneData:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
-    """One fine-tuning run, as ``conf/finetune.yaml`` composes it."""
+class Recipe:
+    """A fine-tuning task's recipe: the task node's own keys (``conf/task/<name>.yaml``
+    without ``_target_`` and the like), those the run reads as typed fields, ``settings`` all
+    of them as the task's data (features, predictions) and the checkpoint read and keep
+    them."""
 
-    raw: Mapping[str, Any]
-    paths: Paths
-    accelerator: Accelerator
-    model: Model
-    data: FinetuneData
-    task: Node
-    optimizer: Node
-    schedule: Node | None
-    trainer: Trainer
-    loggers: tuple[Node, ...]
-    callbacks: tuple[Node, ...]
-    run_name: str
-    seed: int
-    micro_batch_size: int | None
-    ckpt_path: str | None
-    #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
-    checkpointing: Checkpointing | None = None
-    #: keys whose value came from another key by interpolation -> that key (messages name
-    #: the key the user typed: config.node.interpolation_origins)
-    origins: Mapping[str, str] = field(default_factory=dict)
+    name: str
+    epochs: int
+    batch_size: int
+    eval_batch_size: int
+    max_seq_length: int
+    #: the peak LR (``task.lr``; None: the optimizer node's own)
+    lr: float | None = None
+    #: GLUE's classes (1: a regression score); None: a task without a classifier (SQuAD)
+    num_labels: int | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    #: the keys that must be whole numbers of at least 1
+    COUNTS = ("epochs", "batch_size", "max_seq_length", "eval_batch_size")
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], error: type[UserError] = ConfigError) -> Recipe:
+        """The recipe of a task node's (or a checkpoint's recorded) ``values``; a count that is
+        not a positive integer is one ``error`` sentence naming ``task.<key>``."""
+        settings = {k: v for k, v in values.items() if not str(k).startswith("_")}
+        for key in cls.COUNTS:
+            value = settings.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise error(f"task.{key}={value!r} must be a positive integer; fix it.")
+        lr, labels = settings.get("lr"), settings.get("num_labels")
+        return cls(
+            name=str(settings.get("name")),
+            epochs=int(settings["epochs"]),
+            batch_size=int(settings["batch_size"]),
+            eval_batch_size=int(settings["eval_batch_size"]),
+            max_seq_length=int(settings["max_seq_length"]),
+            lr=float(lr) if isinstance(lr, int | float) and not isinstance(lr, bool) else None,
+            num_labels=None if labels is None else int(labels),
+            settings=MappingProxyType(settings),
+        )
+
+    def plain(self) -> dict[str, Any]:
+        """The settings as a plain dict (what the task's data functions take)."""
+        return dict(self.settings)
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run: the schema ``conf/finetune.yaml`` is composed against and, built
+    by :meth:`of`, the run's typed config (``_target_`` nodes: :class:`Node` values)."""
+
+    paths: Paths = MISSING
+    accelerator: AcceleratorSection = MISSING
+    task: TargetNode = MISSING
+    optimizer: OptimizerNode = MISSING
+    schedule: Optional[TargetNode] = None  # noqa: UP045
+    trainer: TrainerSection = MISSING
+    logger: Nodes = NO_NODES
+    callbacks: Nodes = NO_NODES
+    #: the recipe as the shared groups read it (``conf/finetune.yaml``), the task's
+    phase: Any = None
+    run_name: str = MISSING
+    seed: int = 42
+    micro_batch_size: Optional[int] = None  # noqa: UP045
+    ckpt_path: Optional[str] = None  # noqa: UP045
+    data: FinetuneData = field(default_factory=FinetuneData)
+    model: InitialWeights = field(default_factory=InitialWeights)
 
     @classmethod
     def of(cls, cfg: DictConfig, error: type[UserError] = ConfigError) -> FinetuneConfig:
         """Resolve ``cfg`` (a problem is one ``error`` sentence) and check every range."""
         c = resolve(cfg, EXAMPLE, error, missing_first=False)
-        at_least("micro_batch_size", c.get("micro_batch_size"), 1)
-        return cls(
-            raw=MappingProxyType(c),
-            data=FinetuneData.of(c["data"]),
-            origins=MappingProxyType(interpolation_origins(cfg)),
+        config = cls(
+            data=section(FinetuneData, c["data"], "data"),
+            model=section(InitialWeights, c["model"], "model"),
+            phase=c.get("phase"),
             **shared_sections(c),
         )
+        composed = Composition(
+            MappingProxyType(c), origins=MappingProxyType(interpolation_origins(cfg))
+        )
+        return with_composition(config, composed)
+
+    def __post_init__(self) -> None:
+        at_least("micro_batch_size", self.micro_batch_size, 1)
+        Checkpointing.among(self.callbacks)  # its ranges, now
+
+    @property
+    def checkpointing(self) -> Checkpointing | None:
+        """``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)."""
+        return Checkpointing.among(self.callbacks)
+
+    @property
+    def composition(self) -> Composition:
+        """How this config was composed (:class:`Composition`)."""
+        return composition(self)
 
     @property
     def task_name(self) -> str:
         return str(self.task.get("name"))
 
-    @property
-    def recipe(self) -> dict[str, Any]:
-        """The task node's settings (its keys without ``_target_`` and the like)."""
-        return {k: v for k, v in self.task.items() if not str(k).startswith("_")}
+    def recipe(self, error: type[UserError] = ConfigError) -> Recipe:
+        """The task's :class:`Recipe` (a count that is not a positive integer: one ``error``
+        sentence)."""
+        return Recipe.of(self.task, error)
 
     def target_nodes(self) -> list[Node]:
         """Every ``_target_`` node of the run, for checks of what they build."""
         found = [self.accelerator.node, self.task, self.optimizer, self.trainer.node]
         found += [self.schedule] if self.schedule is not None else []
-        return [*found, *self.loggers, *self.callbacks]
+        return [*found, *self.logger, *self.callbacks]

@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -22,7 +24,18 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from omnibert.errors import UserError
 
-__all__ = ["Node", "build", "interpolation_origins", "resolve"]
+__all__ = [
+    "Composition",
+    "Node",
+    "Optimizer",
+    "build",
+    "composition",
+    "interpolation_origins",
+    "resolve",
+    "with_composition",
+]
+
+ConfigT = TypeVar("ConfigT")
 
 #: an interpolation that is one absolute key and nothing else: ``${phase.lr.adamw}``
 _ALIAS = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -54,6 +67,34 @@ def resolve(
         raise error(_does_not_resolve(err)) from err
     assert isinstance(container, dict)
     return {str(k): v for k, v in container.items()}
+
+
+@dataclass(frozen=True)
+class Composition:
+    """How a config was composed, beside its values: ``recorded``, the whole resolved config
+    (read-only; what the loggers record as the run's hyper-parameters, nothing else reads it);
+    ``command_line``, the keys set on the command line (Hydra's overrides: what the user chose,
+    as against a preset's defaults; ``model.init_from`` of a Hugging Face directory refuses a
+    ``model.config.*`` set there that contradicts its config.json); ``origins``, the keys whose
+    value came from another key by interpolation -> that key (messages name the key the user
+    typed: config.node.interpolation_origins)."""
+
+    recorded: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    command_line: frozenset[str] = frozenset()
+    origins: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def composition(config: Any) -> Composition:
+    """The :class:`Composition` of a config built by its ``of`` (empty for one made directly)."""
+    found: Composition = vars(config).get("_composition", Composition())
+    return found
+
+
+def with_composition(config: ConfigT, composed: Composition) -> ConfigT:
+    """``config`` carrying ``composed`` (kept out of the dataclass fields, which are the
+    schema's keys and so the config's)."""
+    vars(config)["_composition"] = composed
+    return config
 
 
 def interpolation_origins(cfg: DictConfig) -> dict[str, str]:
@@ -157,6 +198,64 @@ class Node(Mapping[str, Any]):
     def build(self, *args: Any, **kwargs: Any) -> Any:
         """The configured object (:func:`build` of a copy: building never changes the node)."""
         return build(self.plain(), *args, **kwargs)
+
+
+class Optimizer(Node):
+    """``optimizer``: the update rule's ``_target_`` node (what it builds checks every key),
+    with the keys the run itself reads as typed attributes, each as the target defaults it
+    where the config leaves it out."""
+
+    __slots__ = ()
+
+    def __init__(self, values: Mapping[str, Any], path: str = "optimizer") -> None:
+        super().__init__(values, path)
+
+    @property
+    def lr(self) -> float | None:
+        """``optimizer.lr`` (None: not a number, e.g. unset)."""
+        value = self._values.get("lr")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def weight_decay(self) -> float:
+        return float(self._values.get("weight_decay", 0.0))
+
+    def no_weight_decay(self, default: Any) -> Any:
+        """``optimizer.no_weight_decay``: the parameter-name patterns kept out of the decay
+        (``default`` where the node does not set it)."""
+        return self._values.get("no_weight_decay", default)
+
+    @property
+    def sets_max_grad_norm(self) -> bool:
+        """The node sets ``max_grad_norm`` (LAMB: null switches the optimiser's clip off)."""
+        return "max_grad_norm" in self._values
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        """The norm the optimiser clips the accumulated gradient to (None: it does not)."""
+        value = self._values.get("max_grad_norm")
+        return None if value is None else float(value)
+
+    @property
+    def impl(self) -> str:
+        """LAMB's ``impl`` (``auto``: :func:`omnibert.optim.lamb.choose_impl` decides)."""
+        return str(self._values.get("impl", "auto"))
+
+    @property
+    def compile_min_numel(self) -> int | None:
+        """LAMB's ``compile_min_numel`` (None: the optimiser's default)."""
+        value = self._values.get("compile_min_numel")
+        return None if value is None else int(value)
+
+    @property
+    def fused(self) -> Any:
+        """AdamW's ``fused`` (``auto``, true, false or None)."""
+        return self._values.get("fused")
+
+    @property
+    def foreach(self) -> Any:
+        """AdamW's ``foreach`` (None: torch's choice)."""
+        return self._values.get("foreach")
 
 
 def node_or_none(values: Any, path: str) -> Node | None:

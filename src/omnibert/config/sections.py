@@ -1,36 +1,49 @@
 """The sections every run's typed config is made of, each checking its own ranges.
 
-Built once from the resolved config (:mod:`omnibert.config.train`,
-:mod:`omnibert.config.finetune`); frozen afterwards. A value outside its range is one
-:class:`ConfigError` sentence naming the key and the fix. The types were checked when Hydra
-composed the config (:mod:`omnibert.schema`); these classes read the resolved values.
+The plain sections (:class:`Paths`, :class:`InitialWeights`, and those of
+:mod:`omnibert.config.pretraining`) are dataclasses that serve twice: Hydra composes the
+config against them (:func:`omnibert.apps.compose.register`: OmegaConf checks each key and
+type, naming the key), and :func:`section` builds them from the resolved values, when their
+``__post_init__`` checks the ranges. The sections around a ``_target_`` node
+(:class:`Accelerator`, :class:`Trainer`, :class:`Checkpointing`) read the node's values. A
+value outside its range is one :class:`ConfigError` sentence naming the key and the fix; the
+one range helper is :func:`at_least`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
-from omnibert.config.node import Node, node_or_none, nodes
+from omegaconf import MISSING
+
+from omnibert.config.node import Node, Optimizer, node_or_none, nodes
 from omnibert.errors import UserError
-from omnibert.models.config import BertConfig
+
+SectionT = TypeVar("SectionT")
 
 __all__ = [
+    "NO_NODES",
     "Accelerator",
+    "AcceleratorSection",
     "Checkpointing",
     "ConfigError",
     "Float8Settings",
-    "MLPerf",
-    "Model",
+    "InitialWeights",
+    "Nodes",
+    "OptimizerNode",
     "Paths",
-    "Phase",
+    "TargetNode",
     "Trainer",
+    "TrainerSection",
     "at_least",
     "next_sentence_objective",
     "objective_name",
     "positive_int",
+    "section",
     "shared_sections",
 ]
 
@@ -45,28 +58,49 @@ def at_least(key: str, value: Any, low: int | float) -> None:
         raise ConfigError(f"{key}={value!r} must be at least {low}; fix {key}.")
 
 
+def section(
+    cls: type[SectionT], values: Mapping[str, Any], path: str = "", **built: Any
+) -> SectionT:
+    """The section ``cls`` (a schema dataclass) holding the resolved ``values`` of the node at
+    ``path`` ("": the root), nested sections built alike and ``built`` (values the caller made,
+    e.g. :class:`Node` values) taking precedence; its ``__post_init__`` checks the ranges. The
+    keys and types were checked when Hydra composed the config against the same class."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        key = f"{path}.{unknown[0]}" if path else unknown[0]
+        raise ConfigError(f"{key} is not a key of {path or 'the config'}; remove it.")
+    kwargs = dict(built)
+    for name, value in values.items():
+        kind = _without_none(hints[name])
+        if name in built:
+            continue
+        if dataclasses.is_dataclass(kind) and isinstance(kind, type) and value is not None:
+            value = section(kind, value, f"{path}.{name}" if path else name)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _without_none(kind: Any) -> Any:
+    """``X`` of ``Optional[X]``."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if typing.get_origin(kind) is typing.Union and len(args) == 1 else kind
+
+
 def positive_int(value: Any) -> bool:
     """An int (not a bool) of at least 1."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-@dataclass(frozen=True)
+@dataclass
 class Paths:
     """``paths``: where a run writes (``conf/paths/default.yaml``)."""
 
-    output_root: str
-    run_dir: str
-    checkpoint_dir: str
-    log_dir: str | None = None
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Paths:
-        return cls(
-            str(values["output_root"]),
-            str(values["run_dir"]),
-            str(values["checkpoint_dir"]),
-            None if values.get("log_dir") is None else str(values["log_dir"]),
-        )
+    output_root: str = MISSING
+    run_dir: str = MISSING
+    checkpoint_dir: str = MISSING
+    log_dir: Optional[str] = None  # noqa: UP045 (OmegaConf reads the annotation)
 
     def writable_keys(self) -> dict[str, str]:
         """``paths.<key>`` -> directory, for the directories a pretraining run writes."""
@@ -74,6 +108,16 @@ class Paths:
         if self.log_dir is not None:
             named["log_dir"] = self.log_dir
         return {f"paths.{k}": v for k, v in named.items()}
+
+
+@dataclass
+class InitialWeights:
+    """``model`` of a run that starts from other weights: ``init_from`` (a Hugging Face
+    directory, an omnibert checkpoint or a TensorFlow 1 prefix) and the ``bert_config.json``
+    of a TensorFlow 1 ``init_from`` (null: the one beside it)."""
+
+    init_from: Optional[str] = None  # noqa: UP045
+    bert_config: Optional[str] = None  # noqa: UP045
 
 
 @dataclass(frozen=True)
@@ -124,6 +168,12 @@ class Checkpointing:
                 f"skip (warn and try again at the next interval); fix {key}.on_write_error."
             )
         return cls(keep, str(mode), every if positive_int(every) else None)
+
+    @classmethod
+    def among(cls, callbacks: tuple[Node, ...]) -> Checkpointing | None:
+        """The settings of the ``callbacks.checkpoint`` node among ``callbacks``."""
+        found = [n for n in callbacks if n.path == "callbacks.checkpoint"]
+        return cls.of(found[0]) if found else None
 
     @property
     def save_top_k(self) -> int:
@@ -283,128 +333,33 @@ def objective_name(next_sentence: bool) -> str:
     return "MLM + next-sentence" if next_sentence else "MLM only"
 
 
-@dataclass(frozen=True)
-class Model:
-    """``model``: a name for run directories, optional initial weights (and the
-    ``bert_config.json`` of a TensorFlow 1 ``init_from``), the architecture's fields with
-    ``vocab_size`` open (None: the data's)."""
-
-    name: str | None
-    init_from: str | None
-    bert_config: str | None
-    fields: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Model:
-        init = values.get("init_from")
-        bert = values.get("bert_config")
-        return cls(
-            None if values.get("name") is None else str(values["name"]),
-            None if init is None else str(init),
-            None if bert is None else str(bert),
-            dict(values.get("config") or {}),
-        )
-
-    def bert(self, vocab_size: int) -> BertConfig:
-        """The architecture with the vocab size the run resolved."""
-        return BertConfig(**{**self.fields, "vocab_size": int(vocab_size)})
-
-    @property
-    def head_size(self) -> int:
-        return int(self.fields["hidden_size"]) // int(self.fields["num_attention_heads"])
-
-
-@dataclass(frozen=True)
-class Phase:
-    """``phase``: one training recipe (``conf/phase/phase1.yaml`` says what it owns)."""
-
-    name: str
-    max_seq_length: int
-    max_predictions_per_seq: int
-    global_batch_size: int
-    max_steps: int
-    lr: Mapping[str, float] = field(default_factory=dict)
-    warmup_proportion: float = 0.0
-    warmup_steps: int | None = None
-    init_from: str | None = None
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Phase:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
-
-    def __post_init__(self) -> None:
-        at_least("phase.max_seq_length", self.max_seq_length, 5)
-        at_least("phase.max_predictions_per_seq", self.max_predictions_per_seq, 1)
-        at_least("phase.global_batch_size", self.global_batch_size, 1)
-        at_least("phase.max_steps", self.max_steps, 1)
-        at_least("phase.warmup_steps", self.warmup_steps, 0)
-        if not 0.0 <= self.warmup_proportion <= 1.0:
-            raise ConfigError(
-                f"phase.warmup_proportion={self.warmup_proportion} must lie in [0, 1]; fix it."
-            )
-        for name, lr in self.lr.items():
-            if lr <= 0:
-                raise ConfigError(f"phase.lr.{name}={lr} must be positive; fix phase.lr.{name}.")
-
-    @property
-    def warmup(self) -> int:
-        """Warmup steps: ``warmup_steps``, else ``warmup_proportion`` of ``max_steps``."""
-        if self.warmup_steps is not None:
-            return int(self.warmup_steps)
-        return round(float(self.warmup_proportion) * self.max_steps)
-
-
-@dataclass(frozen=True)
-class MLPerf:
-    """``mlperf`` (``conf/mlperf/bert.yaml`` documents each key)."""
-
-    target_accuracy: float
-    eval_every_samples: int | None
-    max_samples: int | None
-    log_file: str
-    submission: Mapping[str, str]
-
-    @classmethod
-    def of(cls, values: Mapping[str, Any] | None) -> MLPerf | None:
-        if values is None:
-            return None
-        return cls(
-            float(values["target_accuracy"]),
-            values.get("eval_every_samples"),
-            values.get("max_samples"),
-            str(values["log_file"]),
-            dict(values["submission"]),
-        )
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.target_accuracy <= 1.0:
-            raise ConfigError(
-                f"mlperf.target_accuracy={self.target_accuracy} must lie in (0, 1]; fix it."
-            )
-        at_least("mlperf.eval_every_samples", self.eval_every_samples, 1)
-        at_least("mlperf.max_samples", self.max_samples, 1)
-        division = self.submission.get("division")
-        if division not in ("closed", "open"):
-            raise ConfigError(f"mlperf.submission.division={division!r} must be closed or open.")
-
-
 def shared_sections(c: Mapping[str, Any]) -> dict[str, Any]:
     """The sections every training run has (pretraining's and fine-tuning's configs alike),
     read from the resolved config ``c``: keyword arguments of either config class."""
     return {
-        "paths": Paths.of(c["paths"]),
+        "paths": section(Paths, c["paths"], "paths"),
         "accelerator": Accelerator.of(c["accelerator"]),
-        "model": Model.of(c["model"]),
         "task": Node(c.get("task") or {}, "task"),
-        "optimizer": Node(c["optimizer"], "optimizer"),
+        "optimizer": Optimizer(c["optimizer"]),
         "schedule": node_or_none(c.get("schedule"), "schedule"),
         "trainer": Trainer.of(c["trainer"]),
-        "loggers": nodes(c.get("logger"), "logger"),
+        "logger": nodes(c.get("logger"), "logger"),
         "callbacks": nodes(c.get("callbacks"), "callbacks"),
         "run_name": str(c["run_name"]),
         "seed": int(c["seed"]),
         "micro_batch_size": c.get("micro_batch_size"),
         "ckpt_path": None if c.get("ckpt_path") is None else str(c["ckpt_path"]),
-        "checkpointing": Checkpointing.of((c.get("callbacks") or {}).get("checkpoint")),
     }
+
+
+if TYPE_CHECKING:
+    AcceleratorSection = Accelerator
+    TargetNode = Node
+    OptimizerNode = Optimizer
+    TrainerSection = Trainer
+    Nodes = tuple[Node, ...]
+else:  # to OmegaConf, a ``_target_`` node is open: what it builds checks its keys
+    AcceleratorSection = TargetNode = OptimizerNode = TrainerSection = Nodes = Any
+#: the schema's default of a group of nodes (``logger``, ``callbacks``): none; built, a run's
+#: config holds a tuple of its nodes
+NO_NODES: Any = None

@@ -1,109 +1,114 @@
-"""The typed configs of the tools around a run: ``omnibert-eval`` (:class:`EvalConfig`) and
-``omnibert-predict`` (:class:`PredictConfig`), built once from the composed config."""
+"""The configs of the tools around a run, each defined once: the schema Hydra composes the
+tool's ``conf/<tool>.yaml`` against and, built by ``of``, its typed config:
+``omnibert-eval`` (:class:`EvalConfig`), ``omnibert-predict`` (:class:`PredictConfig`) and
+``omnibert-export`` (:class:`ExportConfig`, whose app reads the composed config)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from omnibert.config.node import Node, resolve
-from omnibert.config.sections import at_least
+from omnibert.config.sections import ConfigError, TargetNode, at_least, section
 from omnibert.errors import UserError
 
-__all__ = ["EvalConfig", "PredictConfig"]
+__all__ = ["EvalConfig", "EvalPhase", "ExportConfig", "PredictConfig"]
 
 
-@dataclass(frozen=True)
+@dataclass
+class EvalPhase:
+    """``phase`` of ``omnibert-eval``: the sequence shape of the eval set (null: the
+    checkpoint's)."""
+
+    max_seq_length: Optional[int] = None  # noqa: UP045 (OmegaConf reads the annotation)
+    max_predictions_per_seq: Optional[int] = None  # noqa: UP045
+
+    def __post_init__(self) -> None:
+        at_least("phase.max_seq_length", self.max_seq_length, 5)
+        at_least("phase.max_predictions_per_seq", self.max_predictions_per_seq, 1)
+
+
+@dataclass
 class EvalConfig:
     """``conf/eval.yaml``: a checkpoint on a prepared eval set."""
 
-    raw: Mapping[str, Any]
-    ckpt: str
-    bert_config: str | None
-    out: str | None
-    eval_micro_batch_size: int
+    ckpt: str = MISSING
+    bert_config: Optional[str] = None  # noqa: UP045
+    out: Optional[str] = None  # noqa: UP045
+    eval_micro_batch_size: int = 32
     #: None: the precision the checkpoint's run validated in (else fp32)
-    precision: str | None
-    seed: int
-    accelerator: Node
-    data: Node
+    precision: Optional[str] = None  # noqa: UP045
+    seed: int = 12345
+    phase: EvalPhase = field(default_factory=EvalPhase)
+    accelerator: TargetNode = MISSING
+    data: TargetNode = MISSING
 
     @classmethod
     def of(cls, cfg: DictConfig, error: type[UserError]) -> EvalConfig:
         c = resolve(cfg, "e.g. omnibert-eval ckpt=<checkpoint> data.eval_path=<dir>", error)
-        size = c["eval_micro_batch_size"]
-        at_least("eval_micro_batch_size", size, 1)
-        phase = c.get("phase") or {}
-        at_least("phase.max_seq_length", phase.get("max_seq_length"), 5)
-        at_least("phase.max_predictions_per_seq", phase.get("max_predictions_per_seq"), 1)
-        return cls(
-            c,
-            str(c["ckpt"]),
-            c.get("bert_config"),
-            c.get("out"),
-            int(size),
-            None if c.get("precision") is None else str(c["precision"]),
-            int(c["seed"]),
-            Node(c["accelerator"], "accelerator"),
-            Node(c["data"], "data"),
+        return section(
+            cls, c, accelerator=Node(c["accelerator"], "accelerator"), data=Node(c["data"], "data")
         )
+
+    def __post_init__(self) -> None:
+        at_least("eval_micro_batch_size", self.eval_micro_batch_size, 1)
 
     @property
     def eval_path(self) -> Any:
         return self.data.get("eval_path")
 
 
-@dataclass(frozen=True)
+@dataclass
 class PredictConfig:
     """``conf/predict.yaml``: what a fine-tuned run (or a pretrained model: masked words)
     predicts, and how."""
 
-    ckpt: str
-    task_name: str | None
-    question: str | None
-    context: str | None
-    text: str | None
-    text_pair: str | None
-    input_file: str | None
-    out: str | None
-    batch_size: int | None
-    precision: str
-    accelerator: Node
+    ckpt: str = MISSING
+    task_name: Optional[str] = None  # noqa: UP045
+    question: Optional[str] = None  # noqa: UP045
+    context: Optional[str] = None  # noqa: UP045
+    text: Optional[str] = None  # noqa: UP045
+    text_pair: Optional[str] = None  # noqa: UP045
+    input_file: Optional[str] = None  # noqa: UP045
+    out: Optional[str] = None  # noqa: UP045
+    batch_size: Optional[int] = None  # noqa: UP045
+    precision: str = "32-true"
     #: fill-mask: predictions per [MASK]
     top_k: int = 5
+    accelerator: TargetNode = MISSING
 
     @classmethod
     def of(cls, cfg: DictConfig, error: type[UserError]) -> PredictConfig:
         c = resolve(cfg, "e.g. omnibert-predict ckpt=<run> text=...", error)
+        try:
+            return section(cls, c, accelerator=Node(c["accelerator"], "accelerator"))
+        except ConfigError as err:  # the app's own error class, as its callers expect
+            raise error(str(err)) from err
 
-        def text(key: str) -> str | None:
-            return None if c.get(key) is None else str(c[key])
-
-        batch = c.get("batch_size")
-        if batch is not None and int(batch) < 1:
-            raise error(f"batch_size={batch} must be a positive integer.")
-        top_k = int(c.get("top_k", 5))
-        if top_k < 1:
-            raise error(f"top_k={top_k} must be a positive integer (predictions per [MASK]).")
-        return cls(
-            str(c["ckpt"]),
-            text("task_name"),
-            text("question"),
-            text("context"),
-            text("text"),
-            text("text_pair"),
-            text("input_file"),
-            text("out"),
-            None if batch is None else int(batch),
-            str(c.get("precision", "32-true")),
-            Node(c["accelerator"], "accelerator"),
-            top_k,
-        )
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"batch_size={self.batch_size} must be a positive integer.")
+        if self.top_k < 1:
+            raise ConfigError(
+                f"top_k={self.top_k} must be a positive integer (predictions per [MASK])."
+            )
 
     def given(self, key: str) -> str | None:
         """The text given as ``key`` (``question``, ``context``, ``text``, ``text_pair``)."""
         value: str | None = getattr(self, key)
         return value
+
+
+@dataclass
+class ExportConfig:
+    """``conf/export.yaml`` (its comments say what each key does)."""
+
+    ckpt: str = MISSING
+    out: str = MISSING
+    vocab_file: Optional[str] = None  # noqa: UP045
+    bert_config: Optional[str] = None  # noqa: UP045
+    overwrite: bool = False
+    heads: Optional[str] = None  # noqa: UP045
+    do_lower_case: Optional[bool] = None  # noqa: UP045

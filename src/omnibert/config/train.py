@@ -1,5 +1,7 @@
-"""``omnibert-train``'s config, typed: built once from the composed config, frozen, every
-range checked beside its field; below the apps nothing reads the composed config again.
+"""``omnibert-train``'s config, typed and defined once: :class:`TrainConfig` is the schema
+Hydra composes ``conf/pretrain.yaml`` against (types, at composition) and, built by
+:meth:`TrainConfig.of`, the run's config with every range checked beside its field; below the
+apps nothing reads the composed config again.
 
     config = TrainConfig.of(cfg)   # one sentence naming the key on any problem
     config.phase.max_steps, config.trainer.precision, config.optimizer.build(params), ...
@@ -9,25 +11,35 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
-from omnibert.config.node import Node, interpolation_origins, resolve
+from omnibert.config.node import (
+    Composition,
+    Node,
+    composition,
+    interpolation_origins,
+    resolve,
+    with_composition,
+)
+from omnibert.config.pretraining import MLPerf, Model, Phase
 from omnibert.config.sections import (
-    Accelerator,
+    NO_NODES,
+    AcceleratorSection,
     Checkpointing,
     ConfigError,
-    MLPerf,
-    Model,
+    Nodes,
+    OptimizerNode,
     Paths,
-    Phase,
-    Trainer,
+    TargetNode,
+    TrainerSection,
     at_least,
     positive_int,
+    section,
     shared_sections,
 )
 from omnibert.errors import UserError, yes_no
@@ -53,45 +65,45 @@ def override_keys(overrides: Iterable[str] | None) -> frozenset[str]:
     return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o)
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrainConfig:
-    """One pretraining run (one phase), as ``conf/pretrain.yaml`` composes it."""
+    """One pretraining run (one phase): the schema ``conf/pretrain.yaml`` is composed against
+    (:func:`omnibert.apps.compose.register`) and, built by :meth:`of`, the run's typed
+    config. ``_target_`` nodes are open to OmegaConf and :class:`Node` values here."""
 
-    #: the whole resolved config, read-only: what loggers record and summaries show
-    raw: Mapping[str, Any]
-    paths: Paths
-    accelerator: Accelerator
-    model: Model
-    data: Node
-    task: Node
-    phase: Phase
-    optimizer: Node
-    schedule: Node | None
-    trainer: Trainer
-    loggers: tuple[Node, ...]
-    callbacks: tuple[Node, ...]
-    run_name: str
-    seed: int
-    micro_batch_size: int | None
-    eval_micro_batch_size: int | None
-    memory_fraction: float
-    micro_batch_probe: bool
-    ckpt_path: str | None
-    val_every_n_steps: int | None
-    steps_per_epoch: int | None
-    clip_grad_per_micro_batch: Any
-    compile_only: bool
-    profile: Any
-    mlperf: MLPerf | None
-    #: ``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)
-    checkpointing: Checkpointing | None = None
-    #: the keys set on the command line (Hydra's overrides): what the user chose, as against
-    #: a preset's defaults (``model.init_from`` of a Hugging Face directory refuses a
-    #: ``model.config.*`` set there that contradicts its config.json)
-    command_line: frozenset[str] = frozenset()
-    #: keys whose value came from another key by interpolation -> that key (messages name
-    #: the key the user typed: config.node.interpolation_origins)
-    origins: Mapping[str, str] = field(default_factory=dict)
+    paths: Paths = MISSING
+    accelerator: AcceleratorSection = MISSING
+    model: Model = MISSING
+    data: TargetNode = MISSING
+    task: TargetNode = MISSING
+    phase: Phase = MISSING
+    optimizer: OptimizerNode = MISSING
+    schedule: Optional[TargetNode] = None  # noqa: UP045 (OmegaConf reads the annotation)
+    trainer: TrainerSection = MISSING
+    logger: Nodes = NO_NODES
+    callbacks: Nodes = NO_NODES
+    run_name: str = MISSING
+    seed: int = 12345
+    micro_batch_size: Optional[int] = None  # noqa: UP045
+    eval_micro_batch_size: Optional[int] = None  # noqa: UP045
+    # share of the device's memory a micro batch the app chooses may use
+    # (omnibert.run.sizing.memory)
+    memory_fraction: float = 0.8
+    # time a few sizes that fit and keep the fastest (omnibert.run.sizing.speed_probe)
+    micro_batch_probe: bool = True
+    ckpt_path: Optional[str] = None  # noqa: UP045
+    val_every_n_steps: Optional[int] = None  # noqa: UP045
+    steps_per_epoch: Optional[int] = None  # noqa: UP045
+    # auto | null | a positive norm
+    clip_grad_per_micro_batch: Any = "auto"
+    compile_only: bool = False
+    # false | true | a mapping of omnibert.run.launching.profiling.ProfileSettings fields
+    profile: Any = False
+    # several phases in one command: {name: {phase: ..., data: {...}, <key>: ...}}
+    # (run/pretraining/phases.py)
+    phases: Optional[dict[str, Any]] = None  # noqa: UP045
+    # MLPerf mode (phase=mlperf); null: off
+    mlperf: Optional[MLPerf] = None  # noqa: UP045
 
     @classmethod
     def of(cls, cfg: DictConfig, command_line: Iterable[str] | None = None) -> TrainConfig:
@@ -100,12 +112,10 @@ class TrainConfig:
         config was composed with; None: Hydra's, when a Hydra app runs."""
         c = resolve(cfg, EXAMPLE, TrainConfigError)
         task = c.get("task") or {}
-        phase = Phase.of(c["phase"])
-        mlperf = MLPerf.of(c.get("mlperf"))
         config = cls(
-            raw=MappingProxyType(c),
+            model=Model.of(c["model"]),
             data=Node(c["data"], "data"),
-            phase=phase,
+            phase=section(Phase, c["phase"], "phase"),
             eval_micro_batch_size=c.get("eval_micro_batch_size"),
             memory_fraction=float(c.get("memory_fraction", 0.8)),
             micro_batch_probe=yes_no(
@@ -116,9 +126,8 @@ class TrainConfig:
             clip_grad_per_micro_batch=c.get("clip_grad_per_micro_batch", "auto"),
             compile_only=bool(c.get("compile_only")),
             profile=c.get("profile", False),
-            mlperf=mlperf,
-            command_line=override_keys(command_line),
-            origins=MappingProxyType(interpolation_origins(cfg)),
+            phases=c.get("phases"),
+            mlperf=None if c.get("mlperf") is None else section(MLPerf, c["mlperf"], "mlperf"),
             **shared_sections(c),
         )
         if task.get("data") is not None:  # conf/task/squad.yaml, mrpc.yaml, the GLUE tasks
@@ -126,7 +135,12 @@ class TrainConfig:
                 f"task={task.get('name')} is a fine-tuning task; run omnibert-finetune "
                 f"task={task.get('name')} (omnibert-train pretrains: task=pretraining)."
             )
-        return config
+        composed = Composition(
+            MappingProxyType(c),
+            override_keys(command_line),
+            MappingProxyType(interpolation_origins(cfg)),
+        )
+        return with_composition(config, composed)
 
     def __post_init__(self) -> None:
         for key in ("micro_batch_size", "eval_micro_batch_size", "val_every_n_steps"):
@@ -140,6 +154,17 @@ class TrainConfig:
             raise TrainConfigError(
                 f"phase.max_steps={self.trainer.max_steps!r} must be a positive integer."
             )
+        Checkpointing.among(self.callbacks)  # its ranges, now
+
+    @property
+    def checkpointing(self) -> Checkpointing | None:
+        """``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)."""
+        return Checkpointing.among(self.callbacks)
+
+    @property
+    def composition(self) -> Composition:
+        """How this config was composed (:class:`Composition`)."""
+        return composition(self)
 
     def starting_from(
         self, init_from: str | None, ckpt_path: str | None = None, *, model_init: bool = True
@@ -148,20 +173,23 @@ class TrainConfig:
         ``model.init_from`` kept or, ``model_init=False``, cleared), resumed from
         ``ckpt_path``. What a later phase of a multi-phase run is given (run/pretraining/phases.py).
         """
-        raw = copy.deepcopy(dict(self.raw))
-        raw["phase"]["init_from"] = init_from
-        raw["ckpt_path"] = ckpt_path
+        recorded = copy.deepcopy(dict(self.composition.recorded))
+        if recorded:
+            recorded["phase"]["init_from"] = init_from
+            recorded["ckpt_path"] = ckpt_path
         model = self.model
         if not model_init:
-            raw["model"]["init_from"] = None
+            if recorded:
+                recorded["model"]["init_from"] = None
             model = dataclasses.replace(model, init_from=None)
-        return dataclasses.replace(
+        changed = dataclasses.replace(
             self,
-            raw=MappingProxyType(raw),
             phase=dataclasses.replace(self.phase, init_from=init_from),
             model=model,
             ckpt_path=ckpt_path,
         )
+        composed = dataclasses.replace(self.composition, recorded=MappingProxyType(recorded))
+        return with_composition(changed, composed)
 
     @property
     def max_steps(self) -> int:
@@ -174,5 +202,5 @@ class TrainConfig:
         if self.schedule is not None:
             yield self.schedule
         yield self.trainer.node
-        yield from self.loggers
+        yield from self.logger
         yield from self.callbacks

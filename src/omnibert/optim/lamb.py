@@ -33,6 +33,43 @@ from omnibert.optim.lamb_math import LambBatch, LambHyper
 from omnibert.optim.param_groups import matches_any, normalize_params
 from omnibert.optim.sharding import dtensor_shard_group, local
 
+#: ``compile_min_numel``'s default: parameters from which the compiled CPU kernels pay
+COMPILE_MIN_NUMEL = 20_000_000
+
+
+def choose_impl(
+    impl: str,
+    device: torch.device,
+    numel: int,
+    compile_min_numel: int = COMPILE_MIN_NUMEL,
+    *,
+    contiguous: bool = True,
+    broken: frozenset[str] | set[str] = frozenset(),
+) -> tuple[str, str]:
+    """The implementation ``Lamb(impl=impl)`` runs for ``numel`` parameters on ``device``
+    (``contiguous``: every parameter is; ``broken``: implementations that failed to build
+    here), and why, as the run's plan says it: the one statement of the rule, which
+    :meth:`Lamb.resolve_impl` applies to its parameters and the plan
+    (:mod:`omnibert.run.pipeline.kernels`) to the config before any parameter exists."""
+    if impl != "auto":
+        return impl, f"{impl} (optimizer.impl)"
+    if device.type == "cuda" and "triton" not in broken and contiguous:
+        # lazy: only the Triton path needs omnibert_kernels
+        from omnibert_kernels.lamb_triton import triton_available
+
+        if triton_available(device):
+            return "triton", "triton, omnibert_kernels (optimizer.impl=auto on CUDA)"
+        return "foreach", "foreach (optimizer.impl=auto: Triton does not import here)"
+    if (
+        device.type == "cpu"
+        and "compiled" not in broken
+        and contiguous
+        and numel >= compile_min_numel
+    ):
+        why = f"compiled (optimizer.impl=auto: {numel:,} parameters >= {compile_min_numel:,})"
+        return "compiled", why
+    return "foreach", f"foreach (optimizer.impl=auto on {device.type}, {numel:,} parameters)"
+
 
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2019) with apex ``FusedLAMB``'s keyword arguments and semantics.
@@ -89,7 +126,7 @@ class Lamb(torch.optim.Optimizer):
         max_weight_norm: float | None = None,
         master_weights: bool = True,
         impl: str = "auto",
-        compile_min_numel: int = 20_000_000,
+        compile_min_numel: int = COMPILE_MIN_NUMEL,
         triton_chunk_size: int = 65536,
     ) -> None:
         if amsgrad:
@@ -186,25 +223,15 @@ class Lamb(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         if not params:
             return "foreach"
-        device = params[0].device
-        if (
-            device.type == "cuda"
-            and "triton" not in self._broken_impls
-            and all(local(p).is_contiguous() for p in params)
-        ):
-            # lazy: only the Triton path needs omnibert_kernels
-            from omnibert_kernels.lamb_triton import triton_available
-
-            if triton_available(device):
-                return "triton"
-        if (
-            device.type == "cpu"
-            and "compiled" not in self._broken_impls
-            and (self.model_numel or sum(p.numel() for p in params)) >= self.compile_min_numel
-            and all(local(p).is_contiguous() for p in params)
-        ):
-            return "compiled"
-        return "foreach"
+        name, _ = choose_impl(
+            self.impl,
+            params[0].device,
+            self.model_numel or sum(p.numel() for p in params),
+            self.compile_min_numel,
+            contiguous=all(local(p).is_contiguous() for p in params),
+            broken=self._broken_impls,
+        )
+        return name
 
     def _warm_up(self, name: str, device: torch.device) -> bool:
         """Run ``name`` once on tiny tensors so a compiler failure cannot hit mid-step."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from omnibert.optim.build import build_optimizer, build_schedule
 from omnibert.optim.nonfinite import skipped
 from omnibert.optim.sharding import attach_shard_group
 
-__all__ = ["TrainingTask", "plain"]
+__all__ = ["TrainingTask", "UpdateRule", "plain"]
 
 #: a parameter group's entries that a resume keeps from the checkpoint (the parameters, the
 #: step count LAMB keeps there) or derives from the schedule (the LRs); the rest are settings
@@ -49,12 +50,24 @@ def plain(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class UpdateRule:
+    """How a task's model is trained, as its ``hparams`` record it: the optimiser and the
+    schedule (``_partial_`` nodes as plain dicts; None: none) and the schedule's length
+    (``total_steps``; None: the Trainer's ``max_steps``)."""
+
+    optimizer: dict[str, Any] | None = None
+    schedule: dict[str, Any] | None = None
+    total_steps: int | None = None
+
+
 class TrainingTask(pl.LightningModule):
-    """A LightningModule whose ``self.model`` is trained with the optimiser and schedule of
-    its ``hparams`` (``optimizer``, ``schedule``: ``_partial_`` nodes; ``total_steps``: the
-    schedule's length, default the Trainer's ``max_steps``)."""
+    """A LightningModule whose ``self.model`` is trained by its :attr:`update_rule` (set by
+    the subclass from the same values it saves in ``hparams``)."""
 
     model: torch.nn.Module
+    #: the optimiser, the schedule and its length (:class:`UpdateRule`)
+    update_rule: UpdateRule = UpdateRule()
     #: FSDP1's process group when the parameters are shards (LAMB sums its norms over it)
     _shard_group: Any = None
     #: every trainable parameter keeps a gradient tensor of its own: one is made before a
@@ -106,12 +119,13 @@ class TrainingTask(pl.LightningModule):
         super().lr_scheduler_step(scheduler, metric)
 
     def configure_optimizers(self) -> Any:
-        if self.hparams["optimizer"] is None:
+        rule = self.update_rule
+        if rule.optimizer is None:
             raise RuntimeError(f"this {type(self).__name__} was built without an optimizer")
         # accelerator.optimizer_sharding=zero1 (DDP): each rank updates its share of the tensors
         strategy = self._trainer.strategy if self._trainer is not None else None
         optimizer = build_optimizer(
-            self.hparams["optimizer"],
+            rule.optimizer,
             self.model.named_parameters(),
             partition_over=getattr(strategy, "optimizer_partition_group", None),
         )
@@ -124,11 +138,11 @@ class TrainingTask(pl.LightningModule):
             {k: copy.deepcopy(v) for k, v in group.items() if k not in ("params", "param_names")}
             for group in optimizer.param_groups
         ]
-        if self.hparams["schedule"] is None:
+        if rule.schedule is None:
             self._configured_schedule = None
             return optimizer
-        total = self.hparams.get("total_steps") or int(self.trainer.max_steps)
-        scheduler = build_schedule(self.hparams["schedule"], optimizer, total)
+        total = rule.total_steps or int(self.trainer.max_steps)
+        scheduler = build_schedule(rule.schedule, optimizer, total)
         self._configured_schedule = copy.deepcopy(scheduler.state_dict())
         return {
             "optimizer": optimizer,

@@ -30,7 +30,7 @@ from omnibert.models.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
 )
-from omnibert.tasks.base import TrainingTask, plain
+from omnibert.tasks.base import TrainingTask, UpdateRule, plain
 
 __all__ = ["FineTuningTask", "QuestionAnsweringTask", "SequenceClassificationTask"]
 
@@ -80,6 +80,7 @@ class FineTuningTask(TrainingTask):
                 "vocab_file": None if vocab_file is None else str(vocab_file),
             }
         )
+        self.update_rule = UpdateRule(plain(optimizer), plain(schedule), total_steps)
         self.config = config
         self.model = self.build_model(config)
         self.train_losses: list[Tensor] = []

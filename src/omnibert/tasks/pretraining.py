@@ -51,7 +51,7 @@ from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
-from omnibert.tasks.base import TrainingTask, plain
+from omnibert.tasks.base import TrainingTask, UpdateRule, plain
 from omnibert.tokenization.vocab import sha256_file
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,9 @@ class PretrainingTask(TrainingTask):
             "do_lower_case": None if do_lower_case is None else bool(do_lower_case),
         }
         self.save_hyperparameters(hparams)
+        self.update_rule = UpdateRule(plain(optimizer), plain(schedule), total_steps)
+        #: MLPerf's clipping of each micro-batch's gradient (None: off)
+        self.clip_grad_per_micro_batch = clip_grad_per_micro_batch
         self.config = config
         #: the objective has next-sentence prediction (the NSP metrics exist)
         self.next_sentence = next_sentence_objective(config)
@@ -336,7 +339,7 @@ class PretrainingTask(TrainingTask):
 
     # ------------------------------------------------------------------ optimisation
     def configured_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        clip = self.hparams["clip_grad_per_micro_batch"]
+        clip = self.clip_grad_per_micro_batch
         if clip is not None and self._shard_group is not None:
             raise UserError(
                 "clip_grad_per_micro_batch (MLPerf's per-micro-batch clipping) is not "

@@ -9,15 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
 from omnibert.config import FinetuneConfig
+from omnibert.config.finetune import Recipe
 from omnibert.config.node import build
 from omnibert.finetune.sources import file_for, load_split
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_dir
 
-__all__ = ["FinetuneInputs", "check_inputs", "task_data", "typed_finetune_config"]
+__all__ = ["FinetuneInputs", "check_inputs", "task_data"]
 
 
 @dataclass
@@ -25,7 +24,7 @@ class FinetuneInputs:
     """The checked config, the task's data and its splits (``datasets.Dataset``)."""
 
     config: FinetuneConfig
-    recipe: dict[str, Any]
+    recipe: Recipe
     data: Any
     train: Any
     evals: dict[str, Any]
@@ -33,13 +32,6 @@ class FinetuneInputs:
     where: dict[str, str]
     micro_batch_size: int
     accumulate: int
-
-
-def typed_finetune_config(cfg: DictConfig | FinetuneConfig) -> FinetuneConfig:
-    """The run's typed config (the app builds it; tests may pass the composed config)."""
-    if isinstance(cfg, FinetuneConfig):
-        return cfg
-    return FinetuneConfig.of(cfg, FineTuneInputError)
 
 
 def task_data(task: Any) -> Any:
@@ -53,17 +45,13 @@ def task_data(task: Any) -> Any:
     return build(node, _convert_="all")
 
 
-def _check_recipe(recipe: dict[str, Any], data: Any) -> None:
-    for key in ("epochs", "batch_size", "max_seq_length", "eval_batch_size"):
-        value = recipe.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise FineTuneInputError(f"task.{key}={value!r} must be a positive integer; fix it.")
+def _check_recipe(recipe: Recipe, data: Any) -> None:
     names = getattr(data, "label_names", None)
     if data.benchmark == "glue":
         wanted = 1 if names is None else len(names)
-        if recipe.get("num_labels") != wanted:
+        if recipe.num_labels != wanted:
             raise FineTuneInputError(
-                f"task.num_labels={recipe.get('num_labels')} but task={data.task} has "
+                f"task.num_labels={recipe.num_labels} but task={data.task} has "
                 f"{'a regression score' if names is None else f'{wanted} labels'}; set "
                 f"task.num_labels={wanted}."
             )
@@ -94,11 +82,11 @@ def _splits(config: FinetuneConfig, data: Any, role: str) -> tuple[dict[str, Any
     return out, where
 
 
-def check_inputs(cfg: DictConfig | FinetuneConfig) -> FinetuneInputs:
-    """Everything checkable without torch: one sentence naming the key and the fix."""
-    config = typed_finetune_config(cfg)
+def check_inputs(config: FinetuneConfig) -> FinetuneInputs:
+    """Everything checkable without torch: one sentence naming the key and the fix
+    (``config``: the typed config the app built, ``FinetuneConfig.of`` of the composed one)."""
     data = task_data(config.task)
-    recipe = config.recipe
+    recipe = config.recipe(FineTuneInputError)
     _check_recipe(recipe, data)
     if not config.model.init_from:
         raise FineTuneInputError(
@@ -115,13 +103,13 @@ def check_inputs(cfg: DictConfig | FinetuneConfig) -> FinetuneInputs:
         tests, test_where = _splits(config, data, "test")
         where.update(test_where)
     world = config.accelerator.world_size
-    micro = config.micro_batch_size or recipe["batch_size"] // world
-    if micro < 1 or recipe["batch_size"] % (micro * world):
+    micro = config.micro_batch_size or recipe.batch_size // world
+    if micro < 1 or recipe.batch_size % (micro * world):
         raise FineTuneInputError(
-            f"task.batch_size={recipe['batch_size']} is not a multiple of micro_batch_size="
+            f"task.batch_size={recipe.batch_size} is not a multiple of micro_batch_size="
             f"{micro} x {world} device(s); choose a micro_batch_size that divides it."
         )
     return FinetuneInputs(
         config, recipe, data, train, evals, tests, {"train": train_where, **where}, micro,
-        recipe["batch_size"] // (micro * world),
+        recipe.batch_size // (micro * world),
     )  # fmt: skip

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from omnibert import stopping
 from omnibert.accelerators import build_plugin
@@ -38,6 +37,7 @@ from omnibert.checkpoints.resume_rules import FINETUNING, RunRecord, RunSettings
 from omnibert.checkpoints.resuming import refuse_a_finished_run, resolve_ckpt_path
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
+from omnibert.config.finetune import Recipe
 from omnibert.data.finetuning import FineTuneDataModule
 from omnibert.finetune.batching import TrimPadding
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
@@ -104,14 +104,14 @@ class FinetuneJob:
     train_tensors: dict[str, Any]
 
 
-def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
+def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
     """The checked inputs (given, or :func:`check_inputs` of the config), then the
     checkpoint, the tokenizer, the training features, the plan and the data module (no
     training yet)."""
     quiet_third_party_deprecations()
     inputs = cfg if isinstance(cfg, FinetuneInputs) else check_inputs(cfg)
     config, recipe = inputs.config, inputs.recipe
-    check_target_types(config.target_nodes(), config.origins)
+    check_target_types(config.target_nodes(), config.composition.origins)
     plugin = build_plugin(config.accelerator.node.plain())
     check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     precision, why = plugin.resolve_precision(config.trainer.precision)
@@ -129,20 +129,20 @@ def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
     refuse_a_finished_run(checkpoint_dir, config.ckpt_path, FineTuneInputError)
     ckpt_path = resolve_ckpt_path(config.ckpt_path, checkpoint_dir)
     init_from = str(config.model.init_from)
-    source = load_encoder_source(init_from, config.model.bert_config, recipe)
+    source = load_encoder_source(init_from, config.model.bert_config, recipe.settings)
     vocab = source.vocab_file
     if vocab is None or not Path(vocab).is_file():
         raise FineTuneInputError(
             f"model.init_from={init_from} has no vocab.txt beside it (or recorded in it); the "
             "vocab must come from the checkpoint: put its vocab.txt there."
         )
-    if recipe["max_seq_length"] > source.config.max_position_embeddings:
+    if recipe.max_seq_length > source.config.max_position_embeddings:
         raise FineTuneInputError(
-            f"task.max_seq_length={recipe['max_seq_length']} exceeds the checkpoint's "
+            f"task.max_seq_length={recipe.max_seq_length} exceeds the checkpoint's "
             f"max_position_embeddings={source.config.max_position_embeddings}; lower it."
         )
     tokenizer = build_tokenizer(vocab)
-    feats = inputs.data.features(inputs.train, tokenizer, recipe, training=True)
+    feats = inputs.data.features(inputs.train, tokenizer, recipe.plain(), training=True)
     float8 = None
     if torchao is not None:  # the task's model on the meta device: which layers run in fp8
         with torch.device("meta"):
@@ -158,9 +158,9 @@ def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
         train_examples=len(inputs.train),
         train_features=len(feats),
         steps_per_epoch=steps_per_epoch,
-        epochs=recipe["epochs"],
-        max_steps=steps_per_epoch * recipe["epochs"],
-        global_batch_size=recipe["batch_size"],
+        epochs=recipe.epochs,
+        max_steps=steps_per_epoch * recipe.epochs,
+        global_batch_size=recipe.batch_size,
         micro_batch_size=inputs.micro_batch_size,
         accumulate_grad_batches=inputs.accumulate,
         init_from=init_from,
@@ -176,7 +176,12 @@ def prepare(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> Prepared:
     if ckpt_path is not None:  # what differs from the checkpoint: applied, or refused
         settings = _settings(config, plan, world)
         changes = plan_resume(
-            ckpt_path, settings, FINETUNING, FineTuneInputError, config.run_name, config.origins
+            ckpt_path,
+            settings,
+            FINETUNING,
+            FineTuneInputError,
+            config.run_name,
+            config.composition.origins,
         )
         plan = dataclasses.replace(plan, resume_changes=changes)
     datamodule = FineTuneDataModule(
@@ -224,12 +229,14 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     if plan.float8 is not None:  # trainer.precision=fp8: torchao's Float8Linear in place
         convert_to_float8(task.model, plan.float8)
     advice = NonFiniteAdvice(
-        lr_key="task.lr", lr=config.recipe.get("lr"), run_name=config.run_name
+        lr_key="task.lr", lr=job.inputs.recipe.lr, run_name=config.run_name
     )  # what the non-finite stop's advice names
     world = prepared.plugin.devices * prepared.plugin.num_nodes
     record = RunRecord(_settings(config, plan, world).record())
     callbacks = build_callbacks(config, float(plan.global_batch_size), [record], advice)
-    loggers = build_loggers(config.loggers, {"config": dict(config.raw), "plan": plan.to_dict()})
+    loggers = build_loggers(
+        config.logger, {"config": dict(config.composition.recorded), "plan": plan.to_dict()}
+    )
     micro_batches = -(-len(prepared.datamodule.dataset) // plan.micro_batch_size)
     trainer = build_trainer(
         config, prepared.plugin, plan.precision, callbacks, loggers,
@@ -270,19 +277,19 @@ def fit(run: Run) -> dict[str, Any]:
 FEW_STEPS = 10
 
 
-def few_steps_notice(steps: int, recipe: dict[str, Any], examples: int) -> str | None:
+def few_steps_notice(steps: int, recipe: Recipe, examples: int) -> str | None:
     """One line when the plan has fewer than :data:`FEW_STEPS` optimiser steps, else None."""
     if steps >= FEW_STEPS:
         return None
     return (
         f"omnibert-finetune: note: only {steps} optimiser step{'' if steps == 1 else 's'} "
-        f"({examples} training examples, task.batch_size={recipe['batch_size']}, "
-        f"task.epochs={recipe['epochs']}), too few to learn much; raise task.epochs or lower "
+        f"({examples} training examples, task.batch_size={recipe.batch_size}, "
+        f"task.epochs={recipe.epochs}), too few to learn much; raise task.epochs or lower "
         "task.batch_size for more steps."
     )
 
 
-def run(cfg: DictConfig | FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
+def run(cfg: FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
     returns the summary."""
     stopping.set_context(" before fine-tuning started")

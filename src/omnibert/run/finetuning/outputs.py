@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnibert.config.finetune import Recipe
 from omnibert.finetune.batching import TrimPadding, length_order
 
 __all__ = ["evaluate_finetuned", "logits", "predict_outputs"]
@@ -73,7 +74,7 @@ def predict_outputs(
     task: Any,
     dataset: Any,
     tokenizer: Any,
-    recipe: dict[str, Any],
+    recipe: Recipe,
     autocast: Any,
     trim: Any = None,
     progress: Any = None,
@@ -81,9 +82,9 @@ def predict_outputs(
     """One prediction per example of ``dataset`` (the task's own post-processing) and the
     head's outputs they came from (per feature: SQuAD's ``(start, end)`` logits, GLUE's
     ``[N, num_labels]``); ``trim`` and ``progress`` as in :func:`logits`."""
-    feats = data.features(dataset, tokenizer, recipe, training=False)
-    outputs = logits(task, feats.tensors, recipe["eval_batch_size"], autocast, trim, progress)
-    return list(data.predict(dataset, feats, outputs, recipe)), outputs
+    feats = data.features(dataset, tokenizer, recipe.plain(), training=False)
+    outputs = logits(task, feats.tensors, recipe.eval_batch_size, autocast, trim, progress)
+    return list(data.predict(dataset, feats, outputs, recipe.plain())), outputs
 
 
 def evaluate_finetuned(

@@ -3,7 +3,7 @@ printed in the plan (``omnibert-train``'s "kernels" rows, ``plan.json``'s ``kern
 
 Precision (``trainer.precision``, ``auto`` resolved by the accelerator), attention (the
 model's path on this device), the optimiser's update kernel (LAMB's ``impl: auto`` resolved
-as :meth:`omnibert.optim.Lamb.resolve_impl` resolves it; AdamW's ``fused: auto``), the
+by :func:`omnibert.optim.lamb.choose_impl`, the rule the optimiser itself applies; AdamW's ``fused: auto``), the
 optimiser state one rank holds (``accelerator.optimizer_sharding``:
 :mod:`omnibert.optim.zero1_plan`), and what the accelerator plugin adds (``torch.compile``
 and its mode, CUDA graphs: ``kernels()``).
@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
+from omnibert.config.node import Optimizer
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.optim.build import ADAMW_TARGETS, LAMB_TARGETS
+from omnibert.optim.lamb import COMPILE_MIN_NUMEL, choose_impl
 from omnibert.optim.param_groups import BERT_NO_WEIGHT_DECAY, normalize_params
 from omnibert.optim.zero1_plan import state_memory_line
-
-#: Lamb's default ``compile_min_numel``
-LAMB_COMPILE_MIN_NUMEL = 20_000_000
 
 
 def count_parameters(model_config: Mapping[str, Any]) -> int:
@@ -46,53 +45,43 @@ def attention_choice(model_config: Mapping[str, Any], device_type: str) -> str:
     return "SDPA with the block-diagonal boolean mask (efficient-attention or math kernel)"
 
 
-def lamb_choice(optimizer_cfg: Mapping[str, Any], device: torch.device, num_params: int) -> str:
-    """What ``Lamb(impl=...)`` will run: the rule of :meth:`omnibert.optim.Lamb.resolve_impl`
-    for contiguous parameters on ``device``."""
-    impl = str(optimizer_cfg.get("impl", "auto"))
-    if impl != "auto":
-        return f"{impl} (optimizer.impl)"
-    if device.type == "cuda":
-        from omnibert_kernels.lamb_triton import triton_available
-
-        if triton_available(device):
-            return "triton, omnibert_kernels (optimizer.impl=auto on CUDA)"
-        return "foreach (optimizer.impl=auto: Triton does not import here)"
-    threshold = int(optimizer_cfg.get("compile_min_numel", LAMB_COMPILE_MIN_NUMEL))
-    if device.type == "cpu" and num_params >= threshold:
-        return f"compiled (optimizer.impl=auto: {num_params:,} parameters >= {threshold:,})"
-    return f"foreach (optimizer.impl=auto on {device.type}, {num_params:,} parameters)"
+def lamb_choice(optimizer: Optimizer, device: torch.device, num_params: int) -> str:
+    """What ``Lamb(impl=...)`` will run for contiguous parameters on ``device``: the rule of
+    :func:`omnibert.optim.lamb.choose_impl`, which the optimiser itself applies."""
+    threshold = optimizer.compile_min_numel
+    return choose_impl(
+        optimizer.impl, device, num_params,
+        COMPILE_MIN_NUMEL if threshold is None else threshold,
+    )[1]  # fmt: skip
 
 
-def adamw_choice(optimizer_cfg: Mapping[str, Any], device: torch.device) -> str:
+def adamw_choice(optimizer: Optimizer, device: torch.device) -> str:
     """What ``omnibert.optim.AdamW(fused=...)`` will run on ``device``."""
-    fused = optimizer_cfg.get("fused")
+    fused = optimizer.fused
     if fused == "auto":
-        fused = True if device.type == "cuda" and not optimizer_cfg.get("foreach") else None
+        fused = True if device.type == "cuda" and not optimizer.foreach else None
     if fused:
         return "fused (torch, optimizer.fused)"
-    foreach = optimizer_cfg.get("foreach")
+    foreach = optimizer.foreach
     if foreach is None:
         foreach = device.type == "cuda"
     return "foreach (torch)" if foreach else "for-loop (torch)"
 
 
-def optimizer_choice(
-    optimizer_cfg: Mapping[str, Any], device: torch.device, num_params: int
-) -> str:
-    target = str(optimizer_cfg.get("_target_"))
+def optimizer_choice(optimizer: Optimizer, device: torch.device, num_params: int) -> str:
+    target = str(optimizer.target)
     name = target.rsplit(".", 1)[-1]
     if target in LAMB_TARGETS:
-        return f"LAMB {lamb_choice(optimizer_cfg, device, num_params)}"
+        return f"LAMB {lamb_choice(optimizer, device, num_params)}"
     if target in ADAMW_TARGETS:
-        return f"AdamW {adamw_choice(optimizer_cfg, device)}"
+        return f"AdamW {adamw_choice(optimizer, device)}"
     return f"{name} ({target})"
 
 
 def kernel_choices(
     plugin: Any,
     model_config: Mapping[str, Any],
-    optimizer_cfg: Mapping[str, Any],
+    optimizer: Optimizer,
     precision: str,
     precision_reason: str,
 ) -> dict[str, str]:
@@ -105,25 +94,23 @@ def kernel_choices(
         "precision": f"{precision} ({precision_reason})",
         "attention": attention_choice(model_config, device.type),
         "optimizer": optimizer_choice(
-            optimizer_cfg, device, sum(p.numel() for p in model.parameters())
+            optimizer, device, sum(p.numel() for p in model.parameters())
         ),
     }
-    state = optimizer_state(plugin, model, optimizer_cfg, precision)
+    state = optimizer_state(plugin, model, optimizer, precision)
     return {**rows, **({"optimizer state": state} if state else {}), **plugin.kernels()}
 
 
 def optimizer_state(
-    plugin: Any, model: torch.nn.Module, optimizer_cfg: Mapping[str, Any], precision: str
+    plugin: Any, model: torch.nn.Module, optimizer: Optimizer, precision: str
 ) -> str | None:
     """The plan's optimiser-state line for ``model`` (on the meta device): one rank's state
     under ``plugin``'s ``optimizer_sharding`` against the unsharded state (``None``: an
     optimiser whose state is not counted)."""
-    default = BERT_NO_WEIGHT_DECAY if str(optimizer_cfg.get("_target_")) in ADAMW_TARGETS else None
+    default = BERT_NO_WEIGHT_DECAY if optimizer.target in ADAMW_TARGETS else None
     groups = normalize_params(
-        model.named_parameters(),
-        float(optimizer_cfg.get("weight_decay", 0.0)),
-        optimizer_cfg.get("no_weight_decay", default),
+        model.named_parameters(), optimizer.weight_decay, optimizer.no_weight_decay(default)
     )
     sizes = [[p.numel() for p in group["params"]] for group in groups]
     sharding = str(getattr(plugin, "optimizer_sharding", "none"))
-    return state_memory_line(optimizer_cfg, sizes, plugin.world_size, sharding, precision)
+    return state_memory_line(optimizer, sizes, plugin.world_size, sharding, precision)

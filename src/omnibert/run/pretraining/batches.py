@@ -154,7 +154,7 @@ def data_and_batches(
     datamodule.check()
     world = acc.world_size
     check_enough_data(phase.global_batch_size, datamodule, world, requested)
-    vocab = resolve_vocab_size(config.model.fields, datamodule.vocab_size)
+    vocab = resolve_vocab_size(config.model.vocab_size, datamodule.vocab_size)
     if clip == "resolve":
         clip = resolve_clipping(config.clip_grad_per_micro_batch, config.optimizer)
     model = config.model.bert(vocab)

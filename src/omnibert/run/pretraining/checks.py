@@ -10,20 +10,21 @@ from typing import Any
 import torch
 
 from omnibert.config import TrainConfigError
+from omnibert.config.node import Optimizer
 from omnibert.errors import UserError
 from omnibert.optim.build import build_optimizer, build_schedule
 
 __all__ = ["check_optimizer", "describe_clipping", "resolve_clipping", "resolve_vocab_size"]
 
 
-def resolve_clipping(setting: Any, optimizer: Mapping[str, Any]) -> float | None:
+def resolve_clipping(setting: Any, optimizer: Optimizer) -> float | None:
     """``clip_grad_per_micro_batch``: ``auto`` → 1.0 when the optimiser itself does not clip
     (``max_grad_norm: null``, as ``lamb_mlperf``), else off; a number → that norm; null → off."""
     if setting is None:
         return None
     if setting == "auto":
-        clips_itself = optimizer.get("max_grad_norm", 0) is not None
-        return None if clips_itself or "max_grad_norm" not in optimizer else 1.0
+        switched_off = optimizer.sets_max_grad_norm and optimizer.max_grad_norm is None
+        return 1.0 if switched_off else None
     if isinstance(setting, bool) or not isinstance(setting, (int, float)) or setting <= 0:
         raise TrainConfigError(
             f"clip_grad_per_micro_batch={setting!r} must be auto, null or a positive norm."
@@ -32,9 +33,9 @@ def resolve_clipping(setting: Any, optimizer: Mapping[str, Any]) -> float | None
 
 
 def describe_clipping(
-    micro_clip: float | None, optimizer: Mapping[str, Any], gradient_clip_val: Any
+    micro_clip: float | None, optimizer: Optimizer, gradient_clip_val: Any
 ) -> str:
-    in_optimizer = optimizer.get("max_grad_norm")
+    in_optimizer = optimizer.max_grad_norm
     if micro_clip is not None and in_optimizer is not None:
         raise TrainConfigError(
             f"clip_grad_per_micro_batch={micro_clip} and optimizer.max_grad_norm="
@@ -55,7 +56,7 @@ def describe_clipping(
 
 
 def check_optimizer(
-    optimizer: Mapping[str, Any], schedule: Mapping[str, Any] | None, total_steps: int
+    optimizer: Optimizer, schedule: Mapping[str, Any] | None, total_steps: int
 ) -> None:
     """Build the optimiser and schedule (``total_steps`` long) on one dummy tensor: config
     errors before any compute."""
@@ -66,8 +67,7 @@ def check_optimizer(
         raise
     except Exception as err:
         raise TrainConfigError(
-            f"optimizer ({optimizer.get('_target_')}) cannot be built: {_root(err)}; fix the "
-            "optimizer keys."
+            f"optimizer ({optimizer.target}) cannot be built: {_root(err)}; fix the optimizer keys."
         ) from err
     if schedule is None:
         return
@@ -86,8 +86,7 @@ def _root(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def resolve_vocab_size(model_config: Mapping[str, Any], data_vocab_size: int) -> int:
-    configured = model_config.get("vocab_size")
+def resolve_vocab_size(configured: int | None, data_vocab_size: int) -> int:
     if configured is None:
         return int(data_vocab_size)
     if configured != data_vocab_size:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
 from omnibert.accelerators.base import FP8, lightning_precision
@@ -70,24 +69,19 @@ __all__ = [
     "logged_hyperparameters",
     "majority_baselines",
     "prepare",
-    "typed_train_config",
 ]
 
 log = logging.getLogger("omnibert.train")
 
 
-def typed_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """The run's typed config (the app builds it; tests may pass the composed config)."""
-    return cfg if isinstance(cfg, TrainConfig) else TrainConfig.of(cfg)
-
-
-def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
-    """Derive and check everything before compute (module docstring); builds no model."""
+def prepare(config: TrainConfig) -> Prepared:
+    """Derive and check everything before compute (module docstring); builds no model.
+    ``config``: the typed config the app built (``TrainConfig.of`` of the composed one)."""
     quiet_third_party_deprecations()
     # model.init_from=<Hugging Face dir>: the architecture its config.json states
-    config = with_checkpoint_architecture(typed_train_config(cfg))
+    config = with_checkpoint_architecture(config)
     check_target_types(
-        config.target_nodes(), config.origins
+        config.target_nodes(), config.composition.origins
     )  # trainer.max_epochs=abc: before anything builds
     for key, path in config.paths.writable_keys().items():  # before any data is read
         check_writable_dir(path, key)
@@ -112,13 +106,13 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     threads = plugin.configure_threads(int(getattr(datamodule, "num_workers", 0) or 0), rate)
     # accelerator.compile=auto (CPU): compile where the run is long enough to pay
     rows = int(config.trainer.max_steps) * batch.rows_per_step / max(1, batch.world_size)
-    layers = int(config.model.fields.get("num_hidden_layers") or 1)
+    layers = config.model.num_hidden_layers
     plugin.decide_compile(rows / rate if rate else None, layers)
     plan = plan_run(config, datamodule, batch, precision, clip)
     plugin.check_accumulation(plan.batch.accumulate_grad_batches)
-    configured = str(config.model.fields.get("attention", "auto"))
+    configured = config.model.attention
     device_type = {"gpu": "cuda"}.get(plugin.name, plugin.name)
-    dropout = float(config.model.fields["attention_probs_dropout_prob"])
+    dropout = config.model.attention_dropout
     attention = plan_attention(  # raises BertConfigError, a UserError: one sentence, exit 2
         configured, device_type, dropout, config.phase.max_seq_length, config.model.head_size
     )
@@ -146,12 +140,10 @@ def prepare(cfg: DictConfig | TrainConfig) -> Prepared:
     )
 
 
-def check_data(cfg: DictConfig | TrainConfig) -> None:
-    """The config resolves and its data fits it (shapes, batch arithmetic): what a later
-    phase of a multi-phase run checks before the first one trains."""
-    data_and_batches(
-        typed_train_config(cfg)
-    )  # the memory of this machine's CPU: the data is what is checked
+def check_data(config: TrainConfig) -> None:
+    """The config's data fits it (shapes, batch arithmetic): what a later phase of a
+    multi-phase run checks before the first one trains."""
+    data_and_batches(config)  # the memory of this machine's CPU: the data is what is checked
 
 
 def build_task(prepared: Prepared) -> tuple[Any, str | None]:
@@ -185,7 +177,7 @@ def _mlperf_callback(prepared: Prepared, run_dir: Path) -> Any:
         target_accuracy=mlperf.target_accuracy,
         eval_every_samples=every,
         max_samples=mlperf.max_samples,
-        submission=dict(mlperf.submission),
+        submission=dataclasses.asdict(mlperf.submission),
         hyperparameters=mlperf_hyperparameters(config, plan.batch.accumulate_grad_batches),
         eval_samples=prepared.datamodule.num_eval_samples,
     )
@@ -194,7 +186,7 @@ def _mlperf_callback(prepared: Prepared, run_dir: Path) -> Any:
 def logged_hyperparameters(prepared: Prepared) -> dict[str, Any]:
     """What the loggers record as the run's hyper-parameters."""
     return {
-        "config": dict(prepared.config.raw),
+        "config": dict(prepared.config.composition.recorded),
         "plan": prepared.plan.to_dict(),
         "environment": prepared.environment,
     }
@@ -214,7 +206,7 @@ def build(prepared: Prepared, output_dir: Path | None = None) -> Run:
     callbacks = build_callbacks(
         config, plan.batch.sequences_per_step, extra, nonfinite_advice(config)
     )
-    loggers = build_loggers(config.loggers, logged_hyperparameters(prepared))
+    loggers = build_loggers(config.logger, logged_hyperparameters(prepared))
     if plan.float8 is not None:  # trainer.precision=fp8: the swap before torch.compile
         convert_to_float8(task.model, plan.float8)
     plugin.compile_model(task.model)

@@ -211,7 +211,7 @@ def plan_run(
             ckpt,
             run_settings(config, batch, precision, micro_clip),
             run_name=config.run_name,
-            origins=config.origins,
+            origins=config.composition.origins,
         )
     )  # what differs from the checkpoint: applied and shown, or refused in one sentence
     next_sentence = next_sentence_objective(model)
@@ -306,11 +306,10 @@ def run_settings(
 def nonfinite_advice(config: TrainConfig) -> NonFiniteAdvice:
     """The keys the non-finite stop's advice names: ``optimizer.lr``, the run's LR and the
     largest of the phase's recipe LRs (``phase.lr``; the suggestion's ceiling)."""
-    lr = config.optimizer.get("lr")
     recipe = [float(v) for v in config.phase.lr.values()]
     return NonFiniteAdvice(
         lr_key="optimizer.lr",
-        lr=float(lr) if isinstance(lr, int | float) else None,
+        lr=config.optimizer.lr,
         recipe_lr=max(recipe) if recipe else None,
         run_name=config.run_name,
     )

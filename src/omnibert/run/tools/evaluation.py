@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from omegaconf import DictConfig
 
 from omnibert.accelerators import build_plugin
 from omnibert.callbacks.progress import ProgressLog
@@ -46,13 +45,10 @@ __all__ = ["evaluate_pretrained"]
 MODEL_FACTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
-def evaluate_pretrained(
-    cfg: DictConfig | EvalConfig, output_dir: Path | None = None
-) -> dict[str, Any]:
-    """Evaluate ``ckpt`` on ``data``'s eval set; returns the report (``cfg``: the typed
-    config the app built, or the composed one)."""
+def evaluate_pretrained(config: EvalConfig, output_dir: Path | None = None) -> dict[str, Any]:
+    """Evaluate ``ckpt`` on ``data``'s eval set; returns the report (``config``: the typed
+    config the app built, ``EvalConfig.of`` of the composed one)."""
     quiet_third_party_deprecations()
-    config = cfg if isinstance(cfg, EvalConfig) else EvalConfig.of(cfg, TrainConfigError)
     check_target_types([config.accelerator, config.data])
     size = config.eval_micro_batch_size
     plugin = build_plugin(config.accelerator.plain())

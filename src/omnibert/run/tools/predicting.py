@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnibert.config.finetune import Recipe
 from omnibert.config.tools import PredictConfig
 from omnibert.finetune.tokenizer import FineTuneInputError
 
@@ -389,7 +390,7 @@ def predict_records(
 
     try:
         predictions, outputs = predict_outputs(
-            data, task, dataset, tokenizer, dict(recipe), autocast, progress=advance
+            data, task, dataset, tokenizer, Recipe.of(recipe), autocast, progress=advance
         )
     finally:
         for bar in bars:
