@@ -217,3 +217,27 @@ def test_bert_large_at_seq_512_and_micro_batch_32_fits_an_h100(monkeypatch, tmp_
     # on the CPU it was 8
     assert chosen.batch.micro_batch_size >= 32, chosen.micro_batch_choice
     assert "80.00 GiB (torch.cuda.mem_get_info (total))" in chosen.micro_batch_choice
+
+
+def test_zero1_counts_the_optimizer_state_one_rank_holds(tmp_path):
+    """``accelerator.optimizer_sharding=zero1``: the estimate counts one rank's share of the
+    optimiser state (the largest share of ZeRO-1's partition of whole tensors), everything
+    else as before; the share comes from the run's config."""
+    shapes = _shapes(8, 128, 20)
+    whole = estimate(BASE, shapes, "bf16-mixed", None, "cuda", flops=False)["memory"]
+    shard = estimate(BASE, shapes, "bf16-mixed", None, "cuda", flops=False, optimizer_ranks=8)
+    shared = shard["memory"]
+    sizes = [p.numel() for p in BertForPreTraining(BASE).parameters()]
+    # the rank that holds the word embeddings (the largest tensor) holds the most: more than
+    # the even share, less than a quarter of the whole (bf16-mixed: 8 bytes per element)
+    assert max(sizes) * 8 <= shared["optimizer_state"] < whole["optimizer_state"] / 4
+    assert shared["optimizer_state"] > whole["optimizer_state"] / 8
+    assert {k: v for k, v in shared.items() if k not in ("optimizer_state", "total")} == {
+        k: v for k, v in whole.items() if k not in ("optimizer_state", "total")
+    }
+    assert whole["total"] - shared["total"] == whole["optimizer_state"] - shared["optimizer_state"]
+
+    base = ["data=generated", f"paths.output_root={tmp_path}", "accelerator.devices=2"]
+    config = TrainConfig.of(compose("pretrain", [*base, "accelerator.optimizer_sharding=zero1"]))
+    assert config.accelerator.optimizer_ranks == 2
+    assert TrainConfig.of(compose("pretrain", base)).accelerator.optimizer_ranks == 1

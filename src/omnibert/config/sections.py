@@ -190,6 +190,9 @@ class Accelerator:
     num_nodes: int
     #: seconds a collective waits for the other ranks (the process-group timeout)
     timeout_s: float = 300.0
+    #: ``none`` or ``zero1`` (each data-parallel rank holds 1/N of the optimiser state): the
+    #: memory estimate counts the share a rank holds; the plugin checks where it applies
+    optimizer_sharding: str = "none"
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Accelerator:
@@ -201,8 +204,13 @@ class Accelerator:
             )
         return cls(
             Node(values, "accelerator"), int(values["devices"]), int(values["num_nodes"]),
-            float(timeout),
+            float(timeout), str(values.get("optimizer_sharding", "none")),
         )  # fmt: skip
+
+    @property
+    def optimizer_ranks(self) -> int:
+        """The ranks the optimiser state is split over (1: every rank holds all of it)."""
+        return self.world_size if self.optimizer_sharding == "zero1" else 1
 
     @property
     def world_size(self) -> int:

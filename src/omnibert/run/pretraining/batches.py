@@ -180,6 +180,7 @@ def data_and_batches(
         max_rows=max(1, datamodule.num_train_rows // world),
         packed=datamodule.packing.enabled,
         memory_fraction=config.memory_fraction,
+        optimizer_ranks=acc.optimizer_ranks,
     )
     if requested is not None and config.compile_only:
         choice = dataclasses.replace(choice, size=requested, reason="set by micro_batch_size")

@@ -45,6 +45,8 @@ from torch.overrides import TorchFunctionMode
 from omnibert.callbacks.throughput import measure_flops
 from omnibert.models import BertForPreTraining
 from omnibert.models.attention_choice import resolve_attention
+from omnibert.optim.param_groups import BERT_NO_WEIGHT_DECAY
+from omnibert.optim.zero1_plan import elements_per_rank
 
 __all__ = [
     "CUDA_TRANSIENT_LAYERS",
@@ -317,6 +319,18 @@ def backward_transients(activations: int, device_type: str, layers: int) -> int:
     return int(TRANSIENT_FACTOR * activations)
 
 
+def optimizer_share(model: torch.nn.Module, ranks: int) -> int:
+    """The parameters whose optimiser state one of ``ranks`` ranks holds at most: ZeRO-1's
+    partition of whole tensors, group by group (decayed, then BERT's no-decay names), as
+    :func:`omnibert.optim.zero1_plan.elements_per_rank` predicts it."""
+    groups: list[list[int]] = [[], []]
+    for name, parameter in model.named_parameters():
+        groups[any(key in name for key in BERT_NO_WEIGHT_DECAY)].append(parameter.numel())
+    if ranks <= 1:
+        return sum(map(sum, groups))
+    return max(elements_per_rank(groups, ranks))
+
+
 def estimate(
     config: Any,
     shapes: Mapping[str, list[int]],
@@ -325,6 +339,7 @@ def estimate(
     device_type: str = "cpu",
     *,
     flops: bool = True,
+    optimizer_ranks: int = 1,
 ) -> dict[str, Any]:
     """Parameters, FLOPs of one micro-batch (``flops=False``: ``None``, not counted) and the
     memory of a training step of ``config`` at ``shapes`` in ``precision`` on a
@@ -341,7 +356,7 @@ def estimate(
     memory = {
         "parameters": params * width,
         "gradients": params * width,
-        "optimizer_state": params * 2 * 4,
+        "optimizer_state": optimizer_share(model, optimizer_ranks) * 2 * 4,
         "activations": saved_activation_bytes(model, batch, target),
         "clip_buffer": params * width if clip is not None else 0,
     }

@@ -121,7 +121,10 @@ def compile_only(prepared: Any, output_dir: Path | None) -> dict[str, Any]:
     plugin.check_precision(autocast)
     shapes = datamodule.describe()["shapes"]
     config = plan.model
-    counted = estimate(config, shapes, autocast, plan.clip_grad_per_micro_batch, plugin.device.type)
+    counted = estimate(
+        config, shapes, autocast, plan.clip_grad_per_micro_batch, plugin.device.type,
+        optimizer_ranks=prepared.config.accelerator.optimizer_ranks,
+    )  # fmt: skip
     batch = plan.batch
     report: dict[str, Any] = {
         "model": prepared.config.model.name,

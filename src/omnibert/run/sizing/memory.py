@@ -64,11 +64,13 @@ def choose_micro_batch(
     max_rows: int,
     packed: bool,
     memory_fraction: float,
+    optimizer_ranks: int = 1,
 ) -> MicroBatchChoice:
     """The micro batch of a run (module docstring). ``shapes`` are the batch shapes at micro
     batch 1 (``input_ids`` [1,S], ``masked_lm_positions`` [1,P], ``nsp_labels`` [1,K]);
     ``per_device`` the rows one device runs per optimiser step when unpacked; ``max_rows``
-    the training rows each device gets per pass."""
+    the training rows each device gets per pass; ``optimizer_ranks`` the ranks the optimiser
+    state is split over (``accelerator.optimizer_sharding=zero1``)."""
     available, source = available_memory_of(device)
     if available is None:
         if requested is not None:
@@ -81,7 +83,10 @@ def choose_micro_batch(
 
     def at(rows: int) -> int:
         sized = {k: [rows, *v[1:]] for k, v in shapes.items()}
-        counted = estimate(model_config, sized, precision, clip, device.type, flops=False)
+        counted = estimate(
+            model_config, sized, precision, clip, device.type, flops=False,
+            optimizer_ranks=optimizer_ranks,
+        )  # fmt: skip
         return int(counted["memory"]["total"])
 
     one, two = at(1), at(2)
