@@ -13,7 +13,8 @@ composed config itself is never modified.
 * Phase k > 1 starts from the final checkpoint of phase k - 1: its weights only, with a fresh
   optimiser and schedule (``phase.init_from``, derived here and printed).
 * Re-running the same command resumes the phase that was interrupted (from its
-  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``);
+  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``):
+  ``ckpt_path=auto`` for every phase, so ``ckpt_path`` may be ``auto`` or unset;
   ``++phases.<name>.ckpt_path=<file>`` resumes that phase from another of its checkpoints
   (what the non-finite stop's advice names, its keys given as ``++phases.<name>.<key>``).
 * ``compile_only=true`` compiles every phase's step at its own shapes (phase 2's seq 512 as
@@ -33,6 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from omnibert.callbacks.nonfinite import NonFiniteStop
+from omnibert.checkpoints.resuming import AUTO
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.errors import UserError
@@ -54,13 +56,14 @@ def derive_phases(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     entries = cfg.get("phases")
     if not entries:
         raise TrainConfigError("phases is empty; list at least one phase or set phases=null.")
-    if cfg.get("ckpt_path") is not None:
+    if cfg.get("ckpt_path") not in (None, AUTO):
         raise TrainConfigError(
             "ckpt_path is set, but a run of several phases resumes each phase by itself; "
             "drop ckpt_path and re-run the same command."
         )
     base = copy.deepcopy(cfg)  # the composed config itself stays as it is
     base.phases = None
+    base.ckpt_path = None  # auto: what a run of phases does by itself
     derived = []
     for name, entry in entries.items():
         if not OmegaConf.is_dict(entry) or "phase" not in entry:
