@@ -5,9 +5,9 @@ uninterrupted run ends, and holds no more host memory at its end than near its s
 The run is ``omnibert-train experiment=smoke`` (a 1-layer 32-wide BERT on generated rows,
 seq 32) for ``--steps`` optimiser steps with Lightning's own two-process launch on the CPU
 (``accelerator.devices=2``, gloo), global batch 8 = 2 micro-batches of 2 per rank (so a stop
-can fall inside a step), a checkpoint every ``--every`` steps, dropout off (each rank draws
-its own dropout masks, and a checkpoint keeps rank 0's RNG states only, so a resumed rank 1
-would draw others) and ``trainer.deterministic=true``.
+can fall inside a step), a checkpoint every ``--every`` steps, dropout off unless ``--dropout``
+is given (each rank draws its own dropout masks, and the checkpoint keeps every rank's RNG
+states) and ``trainer.deterministic=true``.
 
 A driver starts the run in its own session and follows rank 0's step lines. At ``--faults``
 seeded random steps (within the first 70 % of the run, so the last segment is long enough to
@@ -32,8 +32,7 @@ whole time, without ``ckpt_path``; at each fault step the driver SIGKILLs a rand
 (found by its ``RANK``) and nothing else: torchrun starts the group again, each start resumes
 this run's ``last.ckpt`` by itself (a launcher's restart makes ``ckpt_path`` ``auto``), and the
 driver waits for that start's plan before the next fault. It ends, with exit 0, bitwise where
-the uninterrupted run ends. Give ``N`` at least ``--faults``; dropout stays off here as above
-unless ``--dropout`` is given (every rank's RNG states are in the checkpoint).
+the uninterrupted run ends. Give ``N`` at least ``--faults``.
 
     .venv/bin/python scripts/chaos.py --steps 300 --faults 5 --seed 1 --torchrun-restarts 5
 """

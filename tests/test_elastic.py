@@ -1,54 +1,107 @@
-"""A launcher's restart resumes by itself (``ckpt_path=auto``), in a real ``torchrun
---max-restarts`` group of two CPU processes (gloo) whose rank 1 is SIGKILLed after step 3's
-checkpoint (tests/faults.py's ``KillAtStep``: by step, never by time): torchrun starts the group
-again, both ranks find ``TORCHELASTIC_RESTART_COUNT=1``, resume ``last.ckpt`` and end with exit
-0, bitwise where test_ranks.py's uninterrupted run ends. One launch serves every assertion.
+"""Many processes, one run, in real ``torchrun`` groups of two CPU processes (gloo), dropout
+0.1 as every shipped recipe has it, a checkpoint every step:
+
+* a launcher's restart resumes by itself (``ckpt_path=auto``): rank 1 SIGKILLed after step
+  3's checkpoint (tests/faults.py's ``KillAtStep``: by step, never by time), torchrun
+  (``--max-restarts 3``) starts the group again, both ranks find
+  ``TORCHELASTIC_RESTART_COUNT=1`` and resume ``last.ckpt``, and torchrun exits 0;
+* every rank's RNG states are in the checkpoint and each rank resumes its own: the restarted
+  run ends bitwise where the uninterrupted run ends although each rank draws its own dropout
+  masks; a checkpoint with rank 0's states only (older omnibert's) still resumes, and the
+  plan says so.
+
+Two launches (module fixtures) serve every assertion.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from test_ranks import ARGS, STEPS, _finish, reference  # noqa: F401 (a session fixture)
+import torch
+from test_ranks import ARGS, STEPS, _finish
 from training_state import assert_same_training_state, load_state
 
+from omnibert.run.pretraining.job import prepare
+from omnibert.tasks.rng_states import RANKS_KEY, RNG_KEY, states_for_rank
+
 BIN = Path(sys.executable).parent
+#: test_ranks' 6 smoke steps with a checkpoint after each, with dropout 0.1
+RUN = (*(arg for arg in ARGS if "dropout" not in arg), "model.config.hidden_dropout_prob=0.1",
+       "model.config.attention_probs_dropout_prob=0.1")  # fmt: skip
 KILL = ("+callbacks.kill._target_=faults.KillAtStep", "+callbacks.kill.step=3",
         "+callbacks.kill.rank=1")  # fmt: skip
 
 
-def _torchrun(root: Path, *extra: str, restarts: int = 3) -> list[str]:
+def _torchrun(root: Path, *extra: str, restarts: int) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "--max-restarts", str(restarts), str(BIN / "omnibert-train"), *ARGS,
-        "accelerator.devices=2", f"paths.output_root={root}",
-        f"hydra.run.dir={root / 'hydra'}", *extra,
+        "--max-restarts", str(restarts), str(BIN / "omnibert-train"), *RUN,
+        "accelerator.devices=2", f"paths.output_root={root}", *extra,
     ]  # fmt: skip
+
+
+def _last(root: Path) -> Path:
+    return root / "smoke" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
+    """An uninterrupted run: its exit code, every output line, its output root."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    command = _torchrun(tmp / "runs", f"hydra.run.dir={tmp / 'hydra'}", restarts=0)
+    code, lines = _finish(command, tmp, "uninterrupted")
+    assert code == 0, "\n".join(lines)
+    return code, lines, tmp / "runs"
 
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
-    """The restarted run: its exit code, every output line, its output root."""
-    tmp = tmp_path_factory.mktemp("elastic")
-    code, lines = _finish(_torchrun(tmp / "runs", *KILL), tmp, "restarted")
+    """The run whose rank 1 is killed, restarted by torchrun: exit code, lines, output root."""
+    tmp = tmp_path_factory.mktemp("restarted")
+    command = _torchrun(tmp / "runs", f"hydra.run.dir={tmp / 'hydra'}", *KILL, restarts=3)
+    code, lines = _finish(command, tmp, "restarted")
     return code, lines, tmp / "runs"
 
 
-def test_a_torchrun_restart_resumes_by_itself_bitwise(restarted, reference) -> None:  # noqa: F811
+def test_a_torchrun_restart_resumes_by_itself_bitwise_with_dropout(restarted, uninterrupted):
     code, lines, root = restarted
     text = "\n".join(lines)
     assert code == 0, text
     assert sum("KillAtStep: SIGKILL at global step 3" in line for line in lines) == 1, text
-    # the first attempt started fresh; the restart resumed step 3 and says why
+    # the first start was fresh; the restart resumed step 3 and says why
     starts = [
         line.split("resume from", 1)[1].strip() for line in lines if "  resume from  " in line
     ]
-    checkpoint = root / "smoke" / "checkpoints" / "last.ckpt"
     why = "torchrun restarted the group (TORCHELASTIC_RESTART_COUNT=1), so ckpt_path=auto"
-    assert starts[:2] == ["fresh run", "fresh run"], text
-    assert starts[2:] == [f"{checkpoint} ({why}: this run's last checkpoint)"] * 2, text
+    assert set(starts) == {"fresh run", f"{_last(root)} ({why}: this run's last checkpoint)"}
     assert any(re.search(r"omnibert-train: rank 1 .*was lost", line) for line in lines), text
-    assert_same_training_state(load_state(reference), load_state(checkpoint), STEPS)
+    got = load_state(_last(root))
+    assert_same_training_state(load_state(_last(uninterrupted[2])), got, STEPS)
+    # each rank drew its own dropout masks: rank 0's states would not have done for rank 1
+    ranks = got[RANKS_KEY]
+    assert len(ranks) == 2 and torch.equal(ranks[0]["torch"], got[RNG_KEY]["torch"])
+    assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+
+def test_a_checkpoint_with_rank_0s_rng_states_only_resumes_and_the_plan_says_so(
+    restarted, tmp_path, compose_config
+):
+    """What omnibert wrote before every rank's states were saved: every rank resumes rank 0's
+    (as it did), and the plan names the ranks whose states were not in it."""
+    old = load_state(_last(restarted[2]))
+    del old[RANKS_KEY]
+    path = tmp_path / "older.ckpt"
+    torch.save(old, path)
+    assert states_for_rank(old, 1) is old[RNG_KEY]
+    root = tmp_path / "runs"
+    shutil.rmtree(root, ignore_errors=True)
+    plan = prepare(compose_config(*RUN, "accelerator.devices=2", f"ckpt_path={path}",
+                                  root=root)).plan  # fmt: skip
+    assert plan.resume_changes == [
+        "RNG states: the checkpoint holds rank 0's only (written before omnibert saved every "
+        "rank's); rank 1 goes on from rank 0's states, so it draws rank 0's dropout masks"
+    ]

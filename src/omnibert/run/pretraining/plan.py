@@ -30,10 +30,12 @@ from omnibert.checkpoints.resuming import (
     resolve_ckpt_path,
 )
 from omnibert.checkpoints.space import checkpoint_bytes, plan_checkpoint_space
+from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.config.sections import next_sentence_objective, objective_name
 from omnibert.run.pretraining.batches import BatchPlan
 from omnibert.run.pretraining.checks import check_optimizer, describe_clipping
+from omnibert.tasks.rng_states import missing_ranks_note
 
 log = logging.getLogger("omnibert.train")
 
@@ -231,6 +233,9 @@ def plan_run(
     )  # what differs from the checkpoint: applied and shown, or refused in one sentence
     reason = auto_resume_reason(config.ckpt_path)
     refuse_another_run(ckpt, changes, reason, TrainConfigError)  # auto resumes this run only
+    if ckpt is not None:  # an older checkpoint: the other ranks' RNG states are not in it
+        note = missing_ranks_note(load_checkpoint(ckpt, mmap=True), batch.world_size)
+        changes = [*changes, *([note] if note else [])]
     next_sentence = next_sentence_objective(model)
     if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:
         log.warning(
