@@ -272,7 +272,7 @@ def run_chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         n = len(segments)
         extra = ["ckpt_path=last"] if last.is_file() else []
         extra.append(f"hydra.run.dir={work / 'hydra' / f'segment-{n:02d}'}")
-        segment = Segment([*config(args.steps, args.every, root), *extra],
+        segment = Segment([*config(args.steps, args.every, root, args.dropout), *extra],
                           work / f"segment-{n:02d}.log", args.timeout_per_run, args.steps)  # fmt: skip
         segments.append(segment)
         print(f"chaos: segment {n} from step {resumed_from}", flush=True)
