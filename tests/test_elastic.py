@@ -8,7 +8,10 @@
 * every rank's RNG states are in the checkpoint and each rank resumes its own: the restarted
   run ends bitwise where the uninterrupted run ends although each rank draws its own dropout
   masks; a checkpoint with rank 0's states only (older omnibert's) still resumes, and the
-  plan says so.
+  plan says so;
+* one voice: rank 0 alone prints the plan, the progress and the summary and writes the
+  run's files (each rank given a Hydra directory of its own to show it); another rank's
+  error is its own line, named by its rank.
 
 Two launches (module fixtures) serve every assertion.
 """
@@ -25,7 +28,9 @@ import torch
 from test_ranks import ARGS, STEPS, _finish
 from training_state import assert_same_training_state, load_state
 
+from omnibert.errors import UserError, exit_on, set_process_rank
 from omnibert.run.pretraining.job import prepare
+from omnibert.stopping import Stopped
 from omnibert.tasks.rng_states import RANKS_KEY, RNG_KEY, states_for_rank
 
 BIN = Path(sys.executable).parent
@@ -52,7 +57,8 @@ def _last(root: Path) -> Path:
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
     """An uninterrupted run: its exit code, every output line, its output root."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    command = _torchrun(tmp / "runs", f"hydra.run.dir={tmp / 'hydra'}", restarts=0)
+    per_rank = f"hydra.run.dir={tmp / 'hydra-rank'}${{oc.env:RANK}}"  # each rank's own
+    command = _torchrun(tmp / "runs", per_rank, restarts=0)
     code, lines = _finish(command, tmp, "uninterrupted")
     assert code == 0, "\n".join(lines)
     return code, lines, tmp / "runs"
@@ -105,3 +111,32 @@ def test_a_checkpoint_with_rank_0s_rng_states_only_resumes_and_the_plan_says_so(
         "RNG states: the checkpoint holds rank 0's only (written before omnibert saved every "
         "rank's); rank 1 goes on from rank 0's states, so it draws rank 0's dropout masks"
     ]
+
+
+def test_only_rank_0_prints_the_run_and_writes_its_files(uninterrupted):
+    _, lines, root = uninterrupted
+    text = "\n".join(lines)
+    for first in ("omnibert-train: environment", "omnibert-train: smoke", "  resume from  ",
+                  "omnibert-train: done, 6 steps", "  validation    MLM accuracy"):  # fmt: skip
+        assert sum(line.startswith(first) for line in lines) == 1, (first, text)
+    # nothing of rank 1's: neither its lines nor Lightning's or the loggers' on its behalf
+    assert not [line for line in lines if line.startswith("rank 1:") or "RANK: 1" in line], text
+    rank0, rank1 = root.parent / "hydra-rank0", root.parent / "hydra-rank1"
+    for name in ("summary.json", "plan.json", "environment.json"):
+        assert (rank0 / name).is_file(), name
+        assert not (rank1 / name).exists(), name
+
+
+def test_another_ranks_error_is_named_by_its_rank_and_its_stop_is_not_printed(capsys):
+    set_process_rank(1)
+    try:
+        with pytest.raises(SystemExit) as refused, exit_on("omnibert-train"):
+            raise UserError("data.train_path=/x does not exist; fix data.train_path.")
+        with pytest.raises(SystemExit) as stopped, exit_on("omnibert-train"):
+            raise Stopped(15, " at step 2", "resume with ckpt_path=last")
+    finally:
+        set_process_rank(None)
+    assert refused.value.code == 2 and stopped.value.code == 143
+    assert capsys.readouterr().err == (
+        "rank 1: omnibert-train: error: data.train_path=/x does not exist; fix data.train_path.\n"
+    )

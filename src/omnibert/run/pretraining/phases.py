@@ -37,7 +37,7 @@ from omnibert.callbacks.nonfinite import NonFiniteStop
 from omnibert.checkpoints.resuming import AUTO
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
-from omnibert.errors import UserError
+from omnibert.errors import UserError, is_rank_zero
 from omnibert.run.pretraining.job import check_data
 
 __all__ = ["derive_phases", "phase_status", "run_phases"]
@@ -120,7 +120,7 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
     if phases[0][1].compile_only:  # every phase's shapes; no weights to hand on, nothing resumed
         for name, config in phases:
             out = None if output_dir is None else output_dir / name
-            print(f"omnibert-train: {name}: compile only", flush=True)
+            _say(f"omnibert-train: {name}: compile only")
             summaries[name] = run_one(config.starting_from(None), out)
         return {"phases": summaries}
     previous: Path | None = None
@@ -131,12 +131,12 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
         if config.ckpt_path is not None:  # phases.<name>.ckpt_path: that checkpoint instead
             status, resume_from = "resume", config.ckpt_path
         if status == "done":
-            print(f"omnibert-train: {name} finished earlier ({last}); skipped", flush=True)
+            _say(f"omnibert-train: {name} finished earlier ({last}); skipped")
             summaries[name] = {"skipped": True, "last_checkpoint": str(last)}
         else:
             note = f"resuming from {resume_from}" if status == "resume" else "starting"
             took = f", weights from {previous} (fresh optimiser)" if index else ""
-            print(f"omnibert-train: {name}: {note}{took}", flush=True)
+            _say(f"omnibert-train: {name}: {note}{took}")
             if index > 0:
                 config = config.starting_from(str(previous), model_init=False)
             if status == "resume":
@@ -150,3 +150,9 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
                 raise
         previous = last.resolve()
     return {"phases": summaries}
+
+
+def _say(line: str) -> None:
+    """A phase's line, printed by rank 0 alone (one voice: :mod:`omnibert.errors`)."""
+    if is_rank_zero():
+        print(line, flush=True)
