@@ -11,9 +11,15 @@
   plan says so;
 * one voice: rank 0 alone prints the plan, the progress and the summary and writes the
   run's files (each rank given a Hydra directory of its own to show it); another rank's
-  error is its own line, named by its rank.
+  error is its own line, named by its rank;
+* two nodes on one host: two torchrun node agents (``--nnodes 2 --nproc_per_node 1``, a c10d
+  rendezvous on localhost) train to the weights of the single-node two-process run.
 
-Two launches (module fixtures) serve every assertion.
+Two launches (module fixtures) serve every assertion: the uninterrupted run is the two-node
+one, and the restarted single-node run ends bitwise where it ends, which shows both that the
+restart resumes exactly and that two nodes train as one node's two processes (an
+uninterrupted single-node run would be a third launch; a break in either claim fails both
+tests that compare them).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_ranks import ARGS, STEPS, _finish
+from test_ranks import ARGS, STEPS, _finish, _free_port, started
 from training_state import assert_same_training_state, load_state
 
 from omnibert.errors import UserError, exit_on, set_process_rank
@@ -53,15 +59,28 @@ def _last(root: Path) -> Path:
     return root / "smoke" / "checkpoints" / "last.ckpt"
 
 
+def _node_agent(root: Path, node: int, port: int) -> list[str]:
+    """One of two torchrun node agents on this host: one process each, a c10d rendezvous."""
+    per_rank = f"hydra.run.dir={root.parent / 'hydra-rank'}${{oc.env:RANK}}"  # each rank's own
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--node-rank",
+        str(node), "--max-restarts", "0", str(BIN / "omnibert-train"), *RUN,
+        "accelerator.devices=1", "accelerator.num_nodes=2", f"paths.output_root={root}", per_rank,
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
-    """An uninterrupted run: its exit code, every output line, its output root."""
+    """The uninterrupted run, on two nodes of one process each: exit code, every output line
+    of both node agents, the output root."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    per_rank = f"hydra.run.dir={tmp / 'hydra-rank'}${{oc.env:RANK}}"  # each rank's own
-    command = _torchrun(tmp / "runs", per_rank, restarts=0)
-    code, lines = _finish(command, tmp, "uninterrupted")
-    assert code == 0, "\n".join(lines)
-    return code, lines, tmp / "runs"
+    port = _free_port()
+    with started(_node_agent(tmp / "runs", 1, port), tmp, "node-1") as other:
+        code, lines = _finish(_node_agent(tmp / "runs", 0, port), tmp, "node-0")
+        other_code, other_lines = other.finish()
+    assert code == other_code == 0, "\n".join([*lines, "--- node 1:", *other_lines])
+    return code, [*lines, *other_lines], tmp / "runs"
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +110,17 @@ def test_a_torchrun_restart_resumes_by_itself_bitwise_with_dropout(restarted, un
     ranks = got[RANKS_KEY]
     assert len(ranks) == 2 and torch.equal(ranks[0]["torch"], got[RNG_KEY]["torch"])
     assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+
+def test_two_node_agents_train_to_the_weights_of_one_nodes_two_processes(uninterrupted, restarted):
+    """``torchrun --nnodes 2 --nproc_per_node 1`` twice on this host, against the single-node
+    ``--nproc_per_node 2`` run (restarted once, which the test above shows changes nothing)."""
+    _, lines, root = uninterrupted
+    layouts = [line.split("launcher", 1)[1].strip() for line in lines
+               if line.startswith("  launcher  ")]  # fmt: skip
+    assert layouts == ["torchrun: world size 2, rank 0 (local rank 0 of 1)"], "\n".join(lines)
+    two_nodes, one_node = load_state(_last(root)), load_state(_last(restarted[2]))
+    assert_same_training_state(one_node, two_nodes, STEPS)
 
 
 def test_a_checkpoint_with_rank_0s_rng_states_only_resumes_and_the_plan_says_so(
