@@ -5,9 +5,9 @@ uninterrupted run ends, and holds no more host memory at its end than near its s
 The run is ``omnibert-train experiment=smoke`` (a 1-layer 32-wide BERT on generated rows,
 seq 32) for ``--steps`` optimiser steps with Lightning's own two-process launch on the CPU
 (``accelerator.devices=2``, gloo), global batch 8 = 2 micro-batches of 2 per rank (so a stop
-can fall inside a step), a checkpoint every ``--every`` steps, dropout off (each rank draws
-its own dropout masks, and a checkpoint keeps rank 0's RNG states only, so a resumed rank 1
-would draw others) and ``trainer.deterministic=true``.
+can fall inside a step), a checkpoint every ``--every`` steps, dropout off unless ``--dropout``
+is given (each rank draws its own dropout masks, and the checkpoint keeps every rank's RNG
+states) and ``trainer.deterministic=true``.
 
 A driver starts the run in its own session and follows rank 0's step lines. At ``--faults``
 seeded random steps (within the first 70 % of the run, so the last segment is long enough to
@@ -25,12 +25,23 @@ hangs, the seconds each stop took and the verdict: PASS only if the weights are 
 equal and both memory ratios are at most 1.05. The record goes to ``<results-dir>/chaos.json``.
 
     .venv/bin/python scripts/chaos.py --steps 1000 --faults 12 --seed 10 --results-dir docs/benchmarks
+
+``--torchrun-restarts N``: the launcher's own recovery instead of the driver's. One
+``torchrun --standalone --nproc_per_node 2 --max-restarts N omnibert-train ...`` runs the
+whole time, without ``ckpt_path``; at each fault step the driver SIGKILLs a random worker
+(found by its ``RANK``) and nothing else: torchrun starts the group again, each start resumes
+this run's ``last.ckpt`` by itself (a launcher's restart makes ``ckpt_path`` ``auto``), and the
+driver waits for that start's plan before the next fault. It ends, with exit 0, bitwise where
+the uninterrupted run ends. Give ``N`` at least ``--faults``.
+
+    .venv/bin/python scripts/chaos.py --steps 300 --faults 5 --seed 1 --torchrun-restarts 5
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import queue
 import random
@@ -57,12 +68,14 @@ STOP = re.compile(
     r"omnibert-train: (stopped by .*|did not .*|second .*|rank \d.*(lost|responding).*)$"
 )
 MEMORY_AT = 100  # steps into a segment where its memory is first sampled
+#: the plan's line of a group torchrun started again (ckpt_path=auto, checkpoints.resuming)
+RESTART = re.compile(r"TORCHELASTIC_RESTART_COUNT=(\d+)")
 
 
-def config(steps: int, every: int, root: Path) -> list[str]:
+def config(steps: int, every: int, root: Path, dropout: float = 0.0) -> list[str]:
     return [
-        "experiment=smoke", "data.num_workers=0", "model.config.hidden_dropout_prob=0",
-        "model.config.attention_probs_dropout_prob=0", "phase.global_batch_size=8",
+        "experiment=smoke", "data.num_workers=0", f"model.config.hidden_dropout_prob={dropout}",
+        f"model.config.attention_probs_dropout_prob={dropout}", "phase.global_batch_size=8",
         "micro_batch_size=2", f"phase.max_steps={steps}", "val_every_n_steps=null",
         "callbacks=default", "callbacks.throughput=null", "callbacks.progress_log.every_n_steps=1",
         "trainer.enable_progress_bar=true", f"callbacks.checkpoint.every_n_train_steps={every}",
@@ -108,9 +121,16 @@ def rss(pids: list[int]) -> int:
 class Segment:
     """One launch of the two-process run, followed line by line."""
 
-    def __init__(self, args: list[str], log: Path, stall_s: float, last_step: int) -> None:
+    def __init__(
+        self, args: list[str], log: Path, stall_s: float, last_step: int, restarts: int = -1
+    ) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
         command = [sys.executable, "-m", "omnibert.apps.train", *args]
+        self.torchrun = restarts >= 0  # under torchrun, which restarts the group itself
+        if self.torchrun:
+            train = str(Path(sys.executable).parent / "omnibert-train")
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node", "2", "--max-restarts", str(restarts), train, *args]  # fmt: skip
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             env=env, cwd=log.parent, start_new_session=True,
@@ -123,10 +143,20 @@ class Segment:
         self.memory: dict[str, int] = {}
         self._steps: queue.Queue[int | None] = queue.Queue()
         self._ranks: list[int] = []
+        self.attempt = 0  # the last start of the group torchrun made (its plan printed)
+        self.resumed: dict[int, int] = {}  # the step each start resumed from
         threading.Thread(target=self._read, daemon=True).start()
 
     def ranks(self) -> list[int]:
-        """Rank 0 (the launcher) and rank 1 (its child running the same module)."""
+        """Rank 0 (the launcher) and rank 1 (its child running the same module); under
+        torchrun its workers, in the order of their ``RANK``."""
+        if self.torchrun:
+            try:
+                workers = psutil.Process(self.proc.pid).children()
+                by_rank = {int(w.environ().get("RANK", -1)): w.pid for w in workers}
+            except psutil.Error:
+                return []
+            return [by_rank[r] for r in sorted(by_rank) if r >= 0]
         if len(self._ranks) < 2:
             try:
                 children = psutil.Process(self.proc.pid).children()
@@ -144,8 +174,13 @@ class Segment:
                 self.last_output = time.monotonic()
                 line = line.rstrip("\n")
                 self.lines.append(line)
+                restart = RESTART.search(line)
+                if restart and int(restart.group(1)) > self.attempt:
+                    self.attempt = int(restart.group(1))
+                    self._steps.put(-self.attempt)  # a new start: the steps that follow are its
                 found = STEP.match(line)
                 if found:
+                    self.resumed.setdefault(self.attempt, int(found.group(1)) - 1)
                     self.step = int(found.group(1))
                     self.first = self.step if self.first is None else self.first
                     for name, due in (("early", self.step - self.first == MEMORY_AT - 1),
@@ -156,8 +191,10 @@ class Segment:
                     self._steps.put(self.step)
         self._steps.put(None)
 
-    def wait_for_step(self, step: int) -> bool:
-        """Until rank 0 reports ``step`` or later (False: the run ended or stalled first)."""
+    def wait_for_step(self, step: int, attempt: int = 0) -> bool:
+        """Until rank 0 reports ``step`` or later in torchrun's start ``attempt`` or a later
+        one (False: the run ended or stalled first)."""
+        seen = 0
         while True:
             try:
                 got = self._steps.get(timeout=1.0)
@@ -167,7 +204,9 @@ class Segment:
                 continue
             if got is None:
                 return False
-            if got >= step:
+            if got < 0:
+                seen = -got
+            elif got >= step and seen >= attempt:
                 return True
 
     def alive(self) -> list[int]:
@@ -233,7 +272,7 @@ def run_chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         n = len(segments)
         extra = ["ckpt_path=last"] if last.is_file() else []
         extra.append(f"hydra.run.dir={work / 'hydra' / f'segment-{n:02d}'}")
-        segment = Segment([*config(args.steps, args.every, root), *extra],
+        segment = Segment([*config(args.steps, args.every, root, args.dropout), *extra],
                           work / f"segment-{n:02d}.log", args.timeout_per_run, args.steps)  # fmt: skip
         segments.append(segment)
         print(f"chaos: segment {n} from step {resumed_from}", flush=True)
@@ -253,6 +292,42 @@ def run_chaos(args: argparse.Namespace, work: Path) -> dict[str, Any]:
               f"{' (hang: killed)' if fault.hang else ''}; {fault.line or 'no stop line'}",
               flush=True)  # fmt: skip
     return {"faults": faults, "segments": segments, "checkpoint": last}
+
+
+def run_elastic(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One torchrun group that restarts itself after each SIGKILL (module docstring)."""
+    faults = [
+        dataclasses.replace(f, kind="SIGKILL rank")
+        for f in plan(args.steps, args.faults, args.seed)
+    ]
+    root = work / "chaos"
+    run = [
+        *config(args.steps, args.every, root, args.dropout),
+        f"hydra.run.dir={work / 'hydra' / 'elastic'}",
+    ]
+    segment = Segment(
+        run, work / "elastic.log", args.timeout_per_run, args.steps, args.torchrun_restarts
+    )
+    for index, fault in enumerate(faults):
+        if not segment.wait_for_step(fault.step, attempt=index):
+            segment.wait_end()
+            raise SystemExit(f"chaos: the group ended before step {fault.step}; see {segment.log}")
+        time.sleep(fault.delay_s)
+        ranks = segment.ranks()
+        fault.injected_at = fault.reached = segment.step
+        with contextlib.suppress(ProcessLookupError, IndexError):
+            os.kill(ranks[fault.rank], signal.SIGKILL)
+        print(f"chaos: SIGKILL to rank {fault.rank} at step {fault.injected_at}", flush=True)
+    ended = segment.wait_end()
+    for index, fault in enumerate(faults):
+        fault.resumed_from = segment.resumed.get(index + 1)
+        if fault.resumed_from is not None and fault.reached is not None:
+            fault.lost = max(0, fault.reached - fault.resumed_from)
+    if not ended or segment.proc.returncode != 0:
+        raise SystemExit(f"chaos: torchrun ended with {segment.proc.returncode}; see {segment.log}")
+    print(f"chaos: torchrun started the group {segment.attempt} more times; exit 0", flush=True)
+    last = root / "smoke" / "checkpoints" / "last.ckpt"
+    return {"faults": faults, "segments": [segment], "checkpoint": last, "resumes": segment.attempt}
 
 
 def _rank(fault: Fault) -> str:
@@ -278,7 +353,7 @@ def inject(segment: Segment, fault: Fault) -> None:
 
 def reference(args: argparse.Namespace, work: Path) -> Segment:
     root = work / "uninterrupted"
-    segment = Segment([*config(args.steps, args.every, root), f"hydra.run.dir={work / 'hydra' / 'ref'}"],
+    segment = Segment([*config(args.steps, args.every, root, args.dropout), f"hydra.run.dir={work / 'hydra' / 'ref'}"],
                       work / "uninterrupted.log", args.timeout_per_run, args.steps)  # fmt: skip
     if not segment.wait_end() or segment.proc.returncode != 0:
         raise SystemExit(f"chaos: the uninterrupted run failed; see {segment.log}")
@@ -300,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
     parser.add_argument("--timeout-per-run", type=float, default=120.0,
                         help="seconds without output after which a run counts as hung")  # fmt: skip
+    parser.add_argument("--torchrun-restarts", type=int, default=-1, metavar="N",
+                        help="one torchrun group with --max-restarts N that restarts itself "
+                             "after each SIGKILL (default: the driver restarts the run)")  # fmt: skip
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="model.config's hidden and attention dropout (default 0)")  # fmt: skip
     benchplot.add_arguments(parser)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="omnibert-chaos-"))
@@ -312,14 +392,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ref = reference(args, work)
     print(f"chaos: uninterrupted run done ({time.monotonic() - started:.0f} s)", flush=True)
-    chaos = run_chaos(args, work)
+    elastic = args.torchrun_restarts >= 0
+    if elastic and args.torchrun_restarts < args.faults:
+        parser.error(f"--torchrun-restarts {args.torchrun_restarts} is fewer than --faults "
+                     f"{args.faults}: torchrun would give up; give at least {args.faults}.")  # fmt: skip
+    chaos = run_elastic(args, work) if elastic else run_chaos(args, work)
     faults: list[Fault] = chaos["faults"]
     compared, differ = compare(work / "uninterrupted" / "smoke" / "checkpoints" / "last.ckpt",
                                chaos["checkpoint"])  # fmt: skip
-    ratios = {
-        "uninterrupted": ratio(ref.memory),
-        "last segment": ratio(chaos["segments"][-1].memory),
-    }
+    ratios = {"uninterrupted": ratio(ref.memory)}
+    if not elastic:  # under torchrun the group's later starts are not measured
+        ratios["last segment"] = ratio(chaos["segments"][-1].memory)
     by_kind = {kind: sum(1 for f in faults if f.kind == kind) for kind in KINDS}
     lost = sum(f.lost or 0 for f in faults)
     hangs = sum(1 for f in faults if f.hang)
@@ -333,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.monotonic() - started) / 60
     lines = [
         f"faults injected: {len(faults)} ({', '.join(f'{k} {v}' for k, v in by_kind.items())})",
-        f"resumes: {len(chaos['segments']) - 1}",
+        f"resumes: {chaos.get('resumes', len(chaos['segments']) - 1)}"
+        + (" (torchrun's own restarts)" if elastic else ""),
         f"steps lost (trained again): {lost}",
         f"hangs (killed after {args.timeout_per_run:g} s without output): {hangs}",
         f"SIGTERM to the end of every rank: max {max(term, default=0):.1f} s, "

@@ -12,12 +12,20 @@ the signal number. A run that fails during compute for a reason the user can act
 exit code. A multi-process run that loses one of its ranks (killed, crashed, or silent past
 ``accelerator.timeout_s``) raises :class:`LostRank`: one line naming the rank, exit code
 :data:`EXIT_LOST_RANK`.
+
+One voice: in a run of several processes rank 0 speaks for the run (its plan, progress,
+summary, stop line and files: :func:`is_rank_zero`); another rank prints only its own
+errors, each line prefixed ``rank <k>: `` (:func:`say`), and its log records below ERROR and
+its Python warnings are dropped (:func:`quiet_other_ranks`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +37,62 @@ from omnibert.stopping import Stopped, app_name, handle_stop_signals
 EXIT_LOST_RANK = 75
 
 _REPORTED = threading.Lock()
+#: this process's global rank once the launch is known (:func:`set_process_rank`)
+_RANK: int | None = None
+#: the launchers' variables for a process's global rank: torchrun's, Open MPI's, SLURM's
+#: (srun), then Lightning's own launch (the children it starts on its node)
+_RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "LOCAL_RANK")
+
+
+def set_process_rank(rank: int | None) -> None:
+    """This process's global rank as the run's launch decided it (``None``: read it from the
+    launcher's variables again)."""
+    global _RANK
+    _RANK = rank
+
+
+def process_rank() -> int:
+    """This process's global rank: :func:`set_process_rank`'s, else the first of the
+    launchers' variables set (0 for a single process)."""
+    if _RANK is not None:
+        return _RANK
+    for key in _RANK_VARIABLES:
+        value = os.environ.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def is_rank_zero() -> bool:
+    """Whether this process speaks for the run (rank 0, or the only process)."""
+    return process_rank() == 0
+
+
+class _ErrorsOnly(logging.Filter):
+    """Another rank's records: ERROR and above, prefixed with the rank."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.prefix = f"rank {rank}: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return False
+        if not str(record.msg).startswith(self.prefix):
+            record.msg = self.prefix + str(record.msg)
+        return True
+
+
+def quiet_other_ranks() -> None:
+    """On a rank other than 0: the root logger's handlers (Hydra's console and job log) pass
+    its errors only, and Python warnings are not shown (rank 0 shows the same ones)."""
+    rank = process_rank()
+    if rank == 0:
+        return
+    warnings.filterwarnings("ignore")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _ErrorsOnly) for f in handler.filters):
+            handler.addFilter(_ErrorsOnly(rank))
 
 
 class UserError(ValueError):
@@ -85,8 +149,10 @@ def report_once(line: str) -> bool:
 
 def say(line: str) -> None:
     """``line`` on stderr in one write: the ranks of a multi-process run share the terminal,
-    and ``print`` writes the text and its newline apart, so two ranks' lines could merge."""
-    sys.stderr.write(line + "\n")
+    and ``print`` writes the text and its newline apart, so two ranks' lines could merge. A
+    rank other than 0 names itself first (``rank 1: ...``)."""
+    rank = process_rank()
+    sys.stderr.write((f"rank {rank}: " if rank else "") + line + "\n")
     sys.stderr.flush()
 
 
@@ -111,8 +177,9 @@ def exit_on(app: str) -> Iterator[None]:
         except RunFailed as failed:
             say(f"{app}: error: {failed}")
             sys.exit(failed.exit_code)
-        except Stopped as stop:
-            say(f"{app}: {stop.message}")
+        except Stopped as stop:  # every rank stops at the same step: rank 0 says it
+            if is_rank_zero():
+                say(f"{app}: {stop.message}")
             sys.exit(stop.exit_code)
         except LostRank as lost:
             report_once(f"{app}: {lost}")

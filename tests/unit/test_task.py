@@ -23,11 +23,8 @@ from omnibert.data.generated import GeneratedSource
 from omnibert.data.samplers import EvalBatchSampler
 from omnibert.models import BertConfig
 from omnibert.optim.lamb_math import global_grad_norm
-from omnibert.tasks.pretraining import (
-    PretrainingTask,
-    collect_rng_states,
-    restore_rng_states,
-)
+from omnibert.tasks.pretraining import PretrainingTask
+from omnibert.tasks.rng_states import collect_rng_states, restore_rng_states
 
 MODEL = {
     "vocab_size": 128,

@@ -14,6 +14,9 @@ one process: Lightning's ``DDPStrategy`` with
   code 137; it also did that when a child stopped at a safe point on SIGTERM before rank 0.)
   A child that finished (0) or stopped at a safe point (143, 130: every rank stops at that
   step) is not a loss;
+* under ``torchrun``, each start of the group (``--max-restarts``) joins under keys of its
+  own in torchrun's store (:func:`agent_store_of_this_start`): a restarted group would
+  otherwise read the failed start's addresses;
 * under ``mpirun`` (Open MPI), :class:`OpenMPIEnvironment` (Lightning's ``MPIEnvironment``
   needs mpi4py);
 * with ``accelerator.optimizer_sharding=zero1``, the optimiser partitioned over the ranks
@@ -49,6 +52,7 @@ __all__ = [
     "OmnibertDDPStrategy",
     "OpenMPIEnvironment",
     "WatchedLauncher",
+    "agent_store_of_this_start",
     "ddp_strategy",
     "how_it_ended",
     "lost_rank",
@@ -158,6 +162,14 @@ class OmnibertDDPStrategy(DDPStrategy):
         return torch.distributed.group.WORLD
 
     def setup_distributed(self) -> None:
+        joined = torch.distributed.is_initialized()  # a second fit or validate: joined
+        store = None if joined else agent_store_of_this_start(self._timeout)
+        if store is not None:  # joined here; Lightning's setup then finds the group made
+            self.set_world_ranks()
+            torch.distributed.init_process_group(
+                self._get_process_group_backend(), store=store, rank=self.global_rank,
+                world_size=self.world_size, timeout=self._timeout,
+            )  # fmt: skip
         super().setup_distributed()
         set_timeout = getattr(torch.distributed.distributed_c10d, "_set_pg_timeout", None)
         if self.collective_timeout is not None and set_timeout is not None:
@@ -170,6 +182,27 @@ class OmnibertDDPStrategy(DDPStrategy):
             self._launcher = WatchedLauncher(
                 self.cluster_environment, self.num_processes, self.num_nodes
             )
+
+
+def agent_store_of_this_start(timeout: timedelta | None) -> Any:
+    """torchrun's store for the process group of this start of the group, None where torchrun
+    does not share its store with the workers (``TORCHELASTIC_USE_AGENT_STORE``).
+
+    A group torchrun starts again (``--max-restarts``) finds its store as the failed start
+    left it: the process group's keys (each rank's gloo address) are those of the dead
+    processes, and a rank that reads one before its peer rewrote it connects to nothing
+    (torch 2.13 no longer prefixes them per attempt). Every rank counts its own starts in
+    the store, so all ranks of one start agree on the number whatever each node's restart
+    count says, and the group's keys go under that start's prefix."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    dist = torch.distributed
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=timeout or timedelta(seconds=START_TIMEOUT_S),
+    )  # fmt: skip
+    start = store.add(f"omnibert/starts/rank{os.environ.get('RANK', '0')}", 1)
+    return dist.PrefixStore(f"omnibert/start{start}", store)
 
 
 class OpenMPIEnvironment(ClusterEnvironment):

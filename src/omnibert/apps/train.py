@@ -4,7 +4,9 @@ Wiring only (the steps live in :mod:`omnibert.run.pretraining.job`, which tests 
 the run (every check before compute; one sentence and exit code 2 on a problem) → print and
 save the plan and the environment report → ``compile_only``: report and stop; otherwise
 build the task and the Trainer → fit → a final validation on the whole eval set → print and
-save a summary. The composed config is never modified.
+save a summary. In a run of several processes rank 0 prints and writes all of it; the other
+ranks print only their errors (:func:`omnibert.errors.is_rank_zero`). The composed config is
+never modified.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from omegaconf import DictConfig
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import check_paths, preflight
 from omnibert.config import TrainConfig
-from omnibert.errors import RunFailed, exit_on
+from omnibert.errors import RunFailed, exit_on, is_rank_zero, quiet_other_ranks
 from omnibert.paths import hydra_output_discarded_when_refused
 from omnibert.threads import set_wait_policy_env
 
@@ -49,7 +51,7 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
             text = str(failed).replace("ckpt_path=last", "the same command (no ckpt_path)")
             failed.args = (text,)
             raise
-        if output_dir is not None:
+        if output_dir is not None and is_rank_zero():
             output_dir.mkdir(parents=True, exist_ok=True)
             _write_json(output_dir / "summary.json", summary)
         return summary
@@ -66,17 +68,20 @@ def run_phase(config: TrainConfig, output_dir: Path | None = None) -> dict[str, 
     from omnibert.run.pipeline.builders import build_loggers, finish_loggers
     from omnibert.run.pretraining.job import build, fit, logged_hyperparameters, prepare
 
-    prepared = prepare(config)
+    prepared = prepare(config)  # this process's rank is known from here on
+    quiet_other_ranks()
+    speaks = is_rank_zero()
     stopping.set_context(
         " before training resumed; resume with ckpt_path=last"
         if prepared.plan.ckpt_path
         else " before training started; nothing to resume"
     )
-    print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
-    print(f"omnibert-train: {config.run_name}\n{prepared.plan.table()}", flush=True)
-    if prepared.plan.checkpoint_space.get("warning"):
+    if speaks:
+        print(f"omnibert-train: environment\n{format_report(prepared.environment)}", flush=True)
+        print(f"omnibert-train: {config.run_name}\n{prepared.plan.table()}", flush=True)
+    if speaks and prepared.plan.checkpoint_space.get("warning"):
         print(f"omnibert-train: warning: {prepared.plan.checkpoint_space['warning']}", flush=True)
-    if output_dir is not None:
+    if output_dir is not None and speaks:
         output_dir.mkdir(parents=True, exist_ok=True)
         _write_json(output_dir / "plan.json", prepared.plan.to_dict())
         _write_json(output_dir / "environment.json", prepared.environment)
@@ -91,9 +96,11 @@ def run_phase(config: TrainConfig, output_dir: Path | None = None) -> dict[str, 
         finish_loggers(loggers)
         return report
     built = build(prepared, output_dir)
-    if built.initialised_from:
+    if built.initialised_from and speaks:
         print(f"omnibert-train: initialised from {built.initialised_from}", flush=True)
     summary = fit(built)
+    if not speaks:
+        return summary
     if output_dir is not None and built.trainer.is_global_zero:
         # the run's loss/accuracy/LR curves from the CSV logger, next to summary.json
         from omnibert.reporting import write_curves

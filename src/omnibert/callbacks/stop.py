@@ -51,7 +51,7 @@ import torch
 from omnibert import stopping
 from omnibert.checkpoints.resuming import CompletedBatchProgress
 from omnibert.checkpoints.saving import save_now
-from omnibert.tasks.pretraining import collect_rng_states, restore_rng_states
+from omnibert.tasks.rng_states import collect_rng_states, restore_rng_states
 
 __all__ = ["SignalAtStepEnd", "StopAtSafePoint"]
 

@@ -1,5 +1,7 @@
 """A run's checkpoints, before and after training: which one to resume (``ckpt_path``: a
-file, ``last``, or what a requeued job was asked to resume), whether it fits the run (the
+file, ``last``, ``auto`` (this run's ``last.ckpt`` when there is one, else a fresh start; what
+a launcher's restart means, :func:`auto_resume_reason`), or what a requeued job was asked to
+resume), whether it fits the run (the
 same model, the same batches), the half-written temporaries of a killed writer, a finished
 fine-tuning run that a new one would overwrite, and the requeue file a finished run removes.
 Under Lightning < 2.5, :class:`CompletedBatchProgress` makes a checkpoint written inside
@@ -37,18 +39,48 @@ log = logging.getLogger(__name__)
 #: that checkpoint (:func:`resolve_ckpt_path`)
 RESUME_FILE = "resume.json"
 
+#: ``ckpt_path=auto``: this run's ``last.ckpt`` when there is one, else a fresh start
+AUTO = "auto"
+
+#: the variables a launcher sets when it starts a run again after a failure, with its name
+RESTART_COUNTS = (
+    ("TORCHELASTIC_RESTART_COUNT", "torchrun restarted the group"),  # torchrun --max-restarts
+    ("SLURM_RESTART_COUNT", "SLURM requeued the job"),  # a requeue (scontrol requeue, a node)
+)
+
 __all__ = [
+    "AUTO",
+    "RESTART_COUNTS",
     "RESUME_FILE",
     "CompletedBatchProgress",
+    "auto_resume_reason",
     "check_resume_position",
     "check_resume_target",
     "finished",
     "refuse_a_finished_run",
+    "refuse_another_run",
     "remove_stale_temporaries",
     "resolve_ckpt_path",
     "resume_hint",
     "saved_sampler_state",
 ]
+
+
+def auto_resume_reason(ckpt_path: Any, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why this run takes ``ckpt_path`` as ``auto`` (the plan prints it), None when it does not:
+    ``ckpt_path=auto`` itself, or ``ckpt_path`` unset in a process a launcher started again
+    after a failure (:data:`RESTART_COUNTS` > 0): the same command, which must go on from
+    where the failed attempt's last checkpoint left it."""
+    if ckpt_path == AUTO:
+        return "ckpt_path=auto"
+    if ckpt_path is not None:
+        return None
+    env = os.environ if environ is None else environ
+    for key, what in RESTART_COUNTS:
+        count = env.get(key, "").strip()
+        if count.isdigit() and int(count) > 0:
+            return f"{what} ({key}={count}), so ckpt_path=auto"
+    return None
 
 
 def resolve_ckpt_path(
@@ -58,11 +90,15 @@ def resolve_ckpt_path(
 ) -> str | None:
     """``null`` → fresh run (refused over an earlier run's checkpoints), or the checkpoint a
     run stopped at its time limit asked to be resumed from (``resume.json``, written by
-    :class:`~omnibert.callbacks.requeue.CheckpointOnSignal`: what a requeued job finds);
-    ``last`` → ``<checkpoint_dir>/last.ckpt``; otherwise an existing file."""
+    :class:`~omnibert.callbacks.requeue.CheckpointOnSignal`: what a requeued job finds), or,
+    in a launcher's restart, what ``auto`` finds; ``auto`` → ``<checkpoint_dir>/last.ckpt``
+    when it exists, else a fresh run; ``last`` → ``<checkpoint_dir>/last.ckpt``; otherwise an
+    existing file."""
     folder = Path(checkpoint_dir)
     if ckpt_path is None and (folder / RESUME_FILE).is_file() and (folder / "last.ckpt").is_file():
         ckpt_path = "last"
+    if auto_resume_reason(ckpt_path) is not None:
+        ckpt_path = "last" if (folder / "last.ckpt").is_file() else None
     if ckpt_path is None:
         existing = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
         if existing:
@@ -88,6 +124,21 @@ def resolve_ckpt_path(
     return str(path)
 
 
+def refuse_another_run(
+    ckpt: str | None, changes: list[str], reason: str | None, error: type[UserError]
+) -> None:
+    """``auto`` resumes this run only: a checkpoint whose run differs from this one in a
+    setting a resume would otherwise apply (``changes``, :func:`plan_resume`'s lines; another
+    model, data or batch is refused by the resume checks themselves) belongs to another run."""
+    if ckpt is None or reason is None or not changes:
+        return
+    raise error(
+        f"{reason} found {ckpt}, a checkpoint of another run ({'; '.join(changes)}); to go on "
+        "from it with these changes resume it with ckpt_path=last, or start a new run under "
+        "another run_name."
+    )
+
+
 def _newest_last(last: Path) -> Path:
     """``last.ckpt``, or the ``last-vN.ckpt`` beside it that holds a later step: Lightning's
     version counter (on in omnibert before issue 43) wrote those when its bookkeeping did not
@@ -109,7 +160,7 @@ def _newest_last(last: Path) -> Path:
 def refuse_a_finished_run(checkpoint_dir: Path, ckpt_path: Any, error: type[UserError]) -> None:
     """A fine-tuning run directory that holds ``final.ckpt`` is finished: a fresh run there
     would overwrite it."""
-    if ckpt_path is None and (checkpoint_dir / "final.ckpt").is_file():
+    if ckpt_path in (None, AUTO) and (checkpoint_dir / "final.ckpt").is_file():
         raise error(
             f"{checkpoint_dir} already holds final.ckpt, a finished fine-tuning run; choose "
             "another run_name (or seed, or paths.output_root) to keep it, or delete it."

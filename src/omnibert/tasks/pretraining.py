@@ -27,20 +27,19 @@ objective of RoBERTa, MosaicBERT and ModernBERT) returns ``nsp_count`` 0 and
 and ``val/loss`` is the masked-LM loss. Which metrics exist is decided once, from the model's
 config (:func:`~omnibert.config.sections.next_sentence_objective`), never inside ``forward``.
 
-Global RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint so that
-dropout continues identically after a resume.
+Every rank's RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint, and
+each rank draws dropout from a stream of its own, so that dropout continues identically after
+a resume (:mod:`omnibert.tasks.rng_states`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
@@ -52,6 +51,15 @@ from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
 from omnibert.tasks.base import TrainingTask, UpdateRule, plain
+from omnibert.tasks.rng_states import (
+    RANKS_KEY,
+    RNG_KEY,
+    collect_rng_states,
+    restore_rng_states,
+    seed_rank_streams,
+    states_for_rank,
+    states_of_every_rank,
+)
 from omnibert.tokenization.vocab import sha256_file
 
 log = logging.getLogger(__name__)
@@ -68,7 +76,6 @@ VAL_SUMS = (
     "nsp_loss",
     "samples",
 )
-RNG_KEY = "omnibert_rng_states"
 
 
 def weighted_label_counts(labels: Tensor, weights: Tensor, num_labels: int) -> Tensor:
@@ -104,45 +111,6 @@ class LabelHistogram(Metric):
     def compute(self) -> Tensor:
         counts: Tensor = self.counts  # type: ignore[assignment]
         return counts.max() / counts.sum().clamp(min=1e-12)
-
-
-def collect_rng_states() -> dict[str, Any]:
-    """Global RNG states as tensors, ints and strings only (``weights_only`` loadable)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, py_state, py_gauss = random.getstate()
-    states: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "gauss": float(gauss),
-        },
-        "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
-    }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng_states(states: Mapping[str, Any]) -> None:
-    """Inverse of :func:`collect_rng_states`."""
-    torch.set_rng_state(states["torch"])
-    np_state = states["numpy"]
-    np.random.set_state(
-        (
-            np_state["kind"],
-            np_state["keys"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["gauss"],
-        )
-    )
-    py = states["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def _sha256(path: str | None) -> str | None:
@@ -354,10 +322,23 @@ class PretrainingTask(TrainingTask):
             )
 
     # ------------------------------------------------------------------ checkpoints
+    def setup(self, stage: str) -> None:
+        """Training: ranks 1 … N-1 move to random streams of their own (their own dropout
+        masks), before a resume restores each rank's (Lightning restores after ``setup``);
+        torch's initial seed is the run's ``seed``, which Lightning set again on this rank."""
+        if stage == "fit":
+            seed_rank_streams(torch.initial_seed(), self.trainer.global_rank)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[RNG_KEY] = collect_rng_states()
+        states = collect_rng_states()
+        checkpoint[RNG_KEY] = states  # rank 0's in the file (what older omnibert reads)
+        every = states_of_every_rank(states)  # a collective: every rank builds the checkpoint
+        if len(every) > 1:
+            checkpoint[RANKS_KEY] = every
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # only when a Trainer resumes: load_from_checkpoint must not reseed the caller's RNGs
-        if RNG_KEY in checkpoint and self._trainer is not None:
-            restore_rng_states(checkpoint[RNG_KEY])
+        if self._trainer is not None:
+            states = states_for_rank(checkpoint, self.trainer.global_rank)
+            if states is not None:
+                restore_rng_states(states)

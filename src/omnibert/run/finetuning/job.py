@@ -34,7 +34,12 @@ from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
 from omnibert.checkpoints.init_from import load_encoder_source
 from omnibert.checkpoints.resume_rules import FINETUNING, RunRecord, RunSettings, plan_resume
-from omnibert.checkpoints.resuming import refuse_a_finished_run, resolve_ckpt_path
+from omnibert.checkpoints.resuming import (
+    auto_resume_reason,
+    refuse_a_finished_run,
+    refuse_another_run,
+    resolve_ckpt_path,
+)
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.config.finetune import Recipe
@@ -183,6 +188,8 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
             config.run_name,
             config.composition.origins,
         )
+        reason = auto_resume_reason(config.ckpt_path)
+        refuse_another_run(ckpt_path, changes, reason, FineTuneInputError)
         plan = dataclasses.replace(plan, resume_changes=changes)
     datamodule = FineTuneDataModule(
         feats.tensors, inputs.micro_batch_size, config.seed, config.data.num_workers,

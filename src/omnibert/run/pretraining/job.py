@@ -38,6 +38,7 @@ from omnibert.checkpoints.resuming import (
 from omnibert.compat import seed_everything
 from omnibert.config import TrainConfig
 from omnibert.config.sections import objective_name
+from omnibert.errors import set_process_rank
 from omnibert.models import BertForPreTraining
 from omnibert.models.attention_choice import plan_attention, resolve_attention
 from omnibert.paths import check_writable_dir
@@ -88,7 +89,8 @@ def prepare(config: TrainConfig) -> Prepared:
     plugin = build_plugin(config.accelerator.node.plain())
     environment = plugin.environment()
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
-    check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    launch = check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    set_process_rank(launch.rank)  # who speaks for the run (omnibert.errors.is_rank_zero)
     plugin.check_optimizer(config.optimizer)  # an optimiser this backend cannot run
     precision, why = plugin.resolve_precision(config.trainer.precision)
     # fp8: the device and torchao checked now (one sentence, exit 2); it trains in bf16-mixed

@@ -13,7 +13,8 @@ composed config itself is never modified.
 * Phase k > 1 starts from the final checkpoint of phase k - 1: its weights only, with a fresh
   optimiser and schedule (``phase.init_from``, derived here and printed).
 * Re-running the same command resumes the phase that was interrupted (from its
-  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``);
+  ``last.ckpt``) and skips a finished one (its ``last.ckpt`` is at ``phase.max_steps``):
+  ``ckpt_path=auto`` for every phase, so ``ckpt_path`` may be ``auto`` or unset;
   ``++phases.<name>.ckpt_path=<file>`` resumes that phase from another of its checkpoints
   (what the non-finite stop's advice names, its keys given as ``++phases.<name>.<key>``).
 * ``compile_only=true`` compiles every phase's step at its own shapes (phase 2's seq 512 as
@@ -33,9 +34,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from omnibert.callbacks.nonfinite import NonFiniteStop
+from omnibert.checkpoints.resuming import AUTO
 from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
-from omnibert.errors import UserError
+from omnibert.errors import UserError, is_rank_zero
 from omnibert.run.pretraining.job import check_data
 
 __all__ = ["derive_phases", "phase_status", "run_phases"]
@@ -54,13 +56,14 @@ def derive_phases(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     entries = cfg.get("phases")
     if not entries:
         raise TrainConfigError("phases is empty; list at least one phase or set phases=null.")
-    if cfg.get("ckpt_path") is not None:
+    if cfg.get("ckpt_path") not in (None, AUTO):
         raise TrainConfigError(
             "ckpt_path is set, but a run of several phases resumes each phase by itself; "
             "drop ckpt_path and re-run the same command."
         )
     base = copy.deepcopy(cfg)  # the composed config itself stays as it is
     base.phases = None
+    base.ckpt_path = None  # auto: what a run of phases does by itself
     derived = []
     for name, entry in entries.items():
         if not OmegaConf.is_dict(entry) or "phase" not in entry:
@@ -117,7 +120,7 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
     if phases[0][1].compile_only:  # every phase's shapes; no weights to hand on, nothing resumed
         for name, config in phases:
             out = None if output_dir is None else output_dir / name
-            print(f"omnibert-train: {name}: compile only", flush=True)
+            _say(f"omnibert-train: {name}: compile only")
             summaries[name] = run_one(config.starting_from(None), out)
         return {"phases": summaries}
     previous: Path | None = None
@@ -128,12 +131,12 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
         if config.ckpt_path is not None:  # phases.<name>.ckpt_path: that checkpoint instead
             status, resume_from = "resume", config.ckpt_path
         if status == "done":
-            print(f"omnibert-train: {name} finished earlier ({last}); skipped", flush=True)
+            _say(f"omnibert-train: {name} finished earlier ({last}); skipped")
             summaries[name] = {"skipped": True, "last_checkpoint": str(last)}
         else:
             note = f"resuming from {resume_from}" if status == "resume" else "starting"
             took = f", weights from {previous} (fresh optimiser)" if index else ""
-            print(f"omnibert-train: {name}: {note}{took}", flush=True)
+            _say(f"omnibert-train: {name}: {note}{took}")
             if index > 0:
                 config = config.starting_from(str(previous), model_init=False)
             if status == "resume":
@@ -147,3 +150,9 @@ def run_phases(cfg: DictConfig, output_dir: Path | None, run_one: RunOne) -> dic
                 raise
         previous = last.resolve()
     return {"phases": summaries}
+
+
+def _say(line: str) -> None:
+    """A phase's line, printed by rank 0 alone (one voice: :mod:`omnibert.errors`)."""
+    if is_rank_zero():
+        print(line, flush=True)

@@ -23,12 +23,19 @@ from typing import Any
 from omnibert.callbacks.nonfinite import NonFiniteAdvice
 from omnibert.checkpoints.init_from import plan_pretraining_init
 from omnibert.checkpoints.resume_rules import RunSettings, plan_resume
-from omnibert.checkpoints.resuming import check_resume_target, resolve_ckpt_path
+from omnibert.checkpoints.resuming import (
+    auto_resume_reason,
+    check_resume_target,
+    refuse_another_run,
+    resolve_ckpt_path,
+)
 from omnibert.checkpoints.space import checkpoint_bytes, plan_checkpoint_space
+from omnibert.compat import load_checkpoint
 from omnibert.config import TrainConfig, TrainConfigError
 from omnibert.config.sections import next_sentence_objective, objective_name
 from omnibert.run.pretraining.batches import BatchPlan
 from omnibert.run.pretraining.checks import check_optimizer, describe_clipping
+from omnibert.tasks.rng_states import missing_ranks_note
 
 log = logging.getLogger("omnibert.train")
 
@@ -71,6 +78,8 @@ class TrainPlan:
     float8: Any = None
     #: what this run changes from the checkpoint it resumes, applied (checkpoints.resume_rules)
     resume_changes: list[str] = dataclasses.field(default_factory=list)
+    #: why ckpt_path was taken as auto (checkpoints.resuming.auto_resume_reason; None: not)
+    resume_reason: str | None = None
     #: the architecture, vocab size resolved (a BertConfig; not in to_dict: model.config has it)
     model: Any = dataclasses.field(default=None, metadata={"internal": True})
     #: the initial weights, checked (checkpoints.init_from.PretrainingInit; init_from names them)
@@ -130,12 +139,20 @@ class TrainPlan:
             *([("attention", self.attention)] if self.attention and not self.kernels else []),
             ("clipping", self.clipping),
             ("init from", self._init_description()),
-            ("resume from", self.ckpt_path or "fresh run"),
+            ("resume from", self._resume_from()),
             *self._resume_rows(),
             ("checkpoints", self.checkpoint_dir),
             *([("checkpoint space", self.checkpoint_space["description"])]
               if self.checkpoint_space else []),
         ]  # fmt: skip
+
+    def _resume_from(self) -> str:
+        """The checkpoint resumed (or a fresh run), and why when ``auto`` chose it."""
+        if self.resume_reason is None:
+            return self.ckpt_path or "fresh run"
+        if self.ckpt_path is None:
+            return f"fresh run ({self.resume_reason}: no last.ckpt yet)"
+        return f"{self.ckpt_path} ({self.resume_reason}: this run's last checkpoint)"
 
     def _resume_rows(self) -> list[tuple[str, str]]:
         """Each change from the resumed checkpoint on a line of its own."""
@@ -214,6 +231,11 @@ def plan_run(
             origins=config.composition.origins,
         )
     )  # what differs from the checkpoint: applied and shown, or refused in one sentence
+    reason = auto_resume_reason(config.ckpt_path)
+    refuse_another_run(ckpt, changes, reason, TrainConfigError)  # auto resumes this run only
+    if ckpt is not None:  # an older checkpoint: the other ranks' RNG states are not in it
+        note = missing_ranks_note(load_checkpoint(ckpt, mmap=True), batch.world_size)
+        changes = [*changes, *([note] if note else [])]
     next_sentence = next_sentence_objective(model)
     if next_sentence and getattr(datamodule.source, "next_sentence", None) is False:
         log.warning(
@@ -261,6 +283,7 @@ def plan_run(
         init_bert_config=None if init is None else init.bert_config,
         ckpt_path=ckpt,
         resume_changes=changes,
+        resume_reason=reason,
         checkpoint_dir=checkpoint_dir,
         clipping=clipping,
         clip_grad_per_micro_batch=micro_clip,
