@@ -29,7 +29,13 @@ from omnibert.config import TrainConfigError
 from omnibert.models import BertConfig, BertForPreTraining
 from omnibert.optim.build import ADAMW_TARGETS, LAMB_TARGETS
 
-__all__ = ["BYTES_FIXED", "BYTES_PER_TENSOR", "checkpoint_bytes", "plan_checkpoint_space"]
+__all__ = [
+    "BYTES_FIXED",
+    "BYTES_PER_TENSOR",
+    "checkpoint_bytes",
+    "module_checkpoint_bytes",
+    "plan_checkpoint_space",
+]
 
 #: what a checkpoint holds besides the model's and the optimiser's tensors: the RNG states,
 #: the loops, callbacks and hyper-parameters (a bert_tiny run's, rounded; the estimate is
@@ -47,6 +53,16 @@ def checkpoint_bytes(
     node ``optimizer`` (module docstring)."""
     with torch.device("meta"):
         model = BertForPreTraining(BertConfig(**dict(model_config)))
+    return module_checkpoint_bytes(model, precision, optimizer)
+
+
+def module_checkpoint_bytes(
+    model: torch.nn.Module, precision: str, optimizer: Mapping[str, Any]
+) -> int:
+    """About the bytes of one training checkpoint of ``model`` (on any device, the meta device
+    included: only shapes and dtypes are read) trained at ``precision`` with the optimiser node
+    ``optimizer``: what :func:`checkpoint_bytes` counts for pretraining, and fine-tuning for its
+    task's model (the encoder and the task's head)."""
     width = _LOW.get(precision, 4)  # mixed precision keeps fp32 weights
     tensors: dict[int, torch.Tensor] = {}  # tied weights are stored once
     for value in model.state_dict(keep_vars=True).values():

@@ -40,6 +40,7 @@ from omnibert.checkpoints.resuming import (
     refuse_another_run,
     resolve_ckpt_path,
 )
+from omnibert.checkpoints.space import module_checkpoint_bytes, plan_checkpoint_space
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.config.finetune import Recipe
@@ -93,6 +94,8 @@ class FinetunePlan:
     float8: Any = None
     #: what this run changes from the checkpoint it resumes, applied (checkpoints.resume_rules)
     resume_changes: list[str] = dataclasses.field(default_factory=list)
+    #: a checkpoint's size × how many at once against the free space (checkpoints.space)
+    checkpoint_space: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,11 +151,11 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
         )
     tokenizer = build_tokenizer(vocab)
     feats = inputs.data.features(inputs.train, tokenizer, recipe.plain(), training=True)
+    with torch.device("meta"):  # the task on the meta device: shapes only, no memory
+        meta_task = config.task.build(_recursive_=False)(model_config=source.config.to_dict())
     float8 = None
-    if torchao is not None:  # the task's model on the meta device: which layers run in fp8
-        with torch.device("meta"):
-            model = config.task.build(_recursive_=False)(model_config=source.config.to_dict()).model
-        float8 = plan_float8(config.trainer.fp8, torchao, model)
+    if torchao is not None:  # which of the task's layers run in fp8
+        float8 = plan_float8(config.trainer.fp8, torchao, meta_task.model)
         why = f"{float8.describe()}; {why}"
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(len(feats) / (inputs.micro_batch_size * world))
@@ -178,6 +181,7 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
         },
         float8=float8,
     )
+    plan = dataclasses.replace(plan, checkpoint_space=_checkpoint_space(config, plan, meta_task))
     if ckpt_path is not None:  # what differs from the checkpoint: applied, or refused
         settings = _settings(config, plan, world)
         changes = plan_resume(
@@ -197,6 +201,20 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
     )  # fmt: skip
     job = FinetuneJob(inputs, vocab, tokenizer, feats.tensors)
     return Prepared(config, plugin, plugin.environment(), plan, datamodule, source, job=job)
+
+
+def _checkpoint_space(config: FinetuneConfig, plan: FinetunePlan, task: Any) -> dict[str, Any]:
+    """A checkpoint of the task (encoder and head) × how many at once against the free space,
+    as pretraining's plan counts it (:mod:`omnibert.checkpoints.space`: refused when not even one
+    fits); empty without a checkpoint callback."""
+    saving = config.checkpointing
+    if saving is None:
+        return {}
+    each = module_checkpoint_bytes(task, plan.precision, config.optimizer.plain())
+    return plan_checkpoint_space(
+        str(config.paths.checkpoint_dir), each, saving.keep_last, saving.every_n_train_steps,
+        plan.max_steps,
+    )  # fmt: skip
 
 
 def _settings(config: FinetuneConfig, plan: FinetunePlan, world: int) -> RunSettings:
@@ -320,6 +338,11 @@ def run(cfg: FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
         print(f"omnibert-finetune: resume from {plan.ckpt_path}; changes: {said}", flush=True)
     kernels = "; ".join(f"{k} {v}" for k, v in plan.kernels.items())
     print(f"omnibert-finetune: kernels: {kernels}", flush=True)
+    if plan.checkpoint_space:
+        space = plan.checkpoint_space
+        print(f"omnibert-finetune: checkpoint space: {space['description']}", flush=True)
+        if space["warning"]:
+            print(f"omnibert-finetune: warning: {space['warning']}", flush=True)
     built = build(prepared, run_dir)
     facts = fit(built)
     if not built.trainer.is_global_zero:
