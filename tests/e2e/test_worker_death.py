@@ -111,3 +111,35 @@ def test_every_wording_of_a_dead_worker_is_read(message, expected):
         wrapped.__context__ = inner
     said = worker_death(wrapped)
     assert said == expected if expected is None else said.startswith(expected), said
+
+
+def test_a_killed_worker_ends_omnibert_eval_in_one_line(
+    tiny_pretraining_run, monkeypatch, capsys
+) -> None:
+    """In process: the evaluation loader's worker 1 SIGKILLs itself once it has noted itself
+    (the noting is the app's own ``worker_init_fn``), as the out-of-memory killer would."""
+    from omnibert.apps import eval as eval_app
+    from omnibert.data import loader_workers
+
+    noted = loader_workers._init
+
+    def note_then_die(loader: int, worker_id: int) -> None:
+        noted(loader, worker_id)
+        if worker_id == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(loader_workers, "_init", note_then_die)
+    root, ckpt = tiny_pretraining_run["root"], tiny_pretraining_run["ckpt"]
+    cfg = compose("eval", [f"ckpt={ckpt}", f"data.eval_path={root / 'eval'}", "data.num_workers=2"])
+    with pytest.raises(SystemExit) as exited:
+        eval_app.run_or_exit(cfg, None)
+    assert exited.value.code == 71
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert re.fullmatch(
+        r"omnibert-eval: error: evaluation loader worker 1 \(pid \d+\) was killed by SIGKILL: "
+        r"usually the out-of-memory killer \(see dmesg or the job's memory limit\); lower "
+        r"data.num_workers or the micro batch, or raise the memory limit; the evaluation did not "
+        r"finish and wrote no report: run the same command again",
+        err[0],
+    ), err

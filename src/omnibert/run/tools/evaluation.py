@@ -13,7 +13,9 @@ report has ``objective: "MLM only"`` and no ``nsp_*`` keys. The report and the
 progress line name the checkpoint's own step (its ``global_step``; a TF1 checkpoint's
 ``global_step`` variable; none for a Hugging Face directory), not the fresh Trainer's 0, and
 the precision evaluated in (by default the one the checkpoint's run validated in:
-:func:`eval_precision`), so the accuracies compare with the run's.
+:func:`eval_precision`), so the accuracies compare with the run's. A loader worker
+(``data.num_workers`` > 0) that dies ends the evaluation in one sentence naming it, the
+signal and the likely cause (:mod:`omnibert.data.loader_workers`, exit code 71).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from omnibert.config import TrainConfigError
 from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.tf1_bundle import TF1Checkpoint
+from omnibert.data.loader_workers import LoaderWorkerDied, worker_death
 from omnibert.errors import UserError
 from omnibert.run.pipeline.builders import quiet_third_party_deprecations
 from omnibert.run.pipeline.target_types import check_target_types
@@ -79,7 +82,16 @@ def evaluate_pretrained(config: EvalConfig, output_dir: Path | None = None) -> d
         default_root_dir=str(output_dir) if output_dir is not None else None,
     )
     start = time.perf_counter()
-    trainer.validate(task, datamodule=datamodule, verbose=False)
+    try:
+        trainer.validate(task, datamodule=datamodule, verbose=False)
+    except RuntimeError as err:  # a loader worker killed (the OOM killer): one sentence
+        death = worker_death(err)
+        if death is None:
+            raise
+        raise LoaderWorkerDied(
+            f"{death}; the evaluation did not finish and wrote no report: run the same command "
+            "again"
+        ) from None
     seconds = time.perf_counter() - start
     val = task.last_validation or {}
     nsp = (
