@@ -269,17 +269,26 @@ class FailingCheckpointWrites:
     at ``stage``: ``write`` (the file object's write, after some bytes went out), ``fsync``
     or ``rename``; every other file is written as usual. Install it with
     :meth:`install` (a pytest ``monkeypatch``): it replaces ``open``, ``os.fsync`` and
-    ``os.replace`` as :mod:`omnibert.checkpoints.writing` sees them. ``failures`` counts
-    the writes it failed."""
+    ``os.replace`` as :mod:`omnibert.checkpoints.writing` sees them. The first ``spare``
+    writes of such a file succeed (a disk that fills later, for a file rewritten under one
+    name). ``failures`` counts the writes it failed."""
 
-    def __init__(self, names: tuple[str, ...], stage: str = "write", code: int = 28) -> None:
+    def __init__(
+        self, names: tuple[str, ...], stage: str = "write", code: int = 28, spare: int = 0
+    ) -> None:
         self.names = names
         self.stage = stage
         self.code = code
+        self.spare = spare
         self.failures = 0
 
     def _hit(self, path: Any) -> bool:
-        return any(name in os.path.basename(str(path)) for name in self.names)
+        if not any(name in os.path.basename(str(path)) for name in self.names):
+            return False
+        if self.spare > 0:
+            self.spare -= 1
+            return False
+        return True
 
     def _fail(self) -> None:
         self.failures += 1

@@ -1,12 +1,14 @@
 """omnibert-finetune and the tools guarded as pretraining is (docs/faults.md): fine-tuning's plan
 counts its checkpoints against the free space (a checkpoint of the task, head included, within
-10 % of the real file; refused before compute when not one fits)."""
+10 % of the real file; refused before compute when not one fits); a disk that fills while a
+checkpoint is written stops fine-tuning in one line and loses nothing written before."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from finetune_data import mrpc_file
 
 from omnibert.apps.compose import compose
@@ -57,3 +59,41 @@ def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
                        "there or set paths.checkpoint_dir to a file system with room."):  # fmt: skip
         prepare(cfg)
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_a_disk_that_fills_stops_fine_tuning_in_one_line_and_it_resumes(
+    tmp_path, tiny_hf, monkeypatch, capsys
+):
+    """A checkpoint every 2 of 6 steps, ``last.ckpt`` beside ``final.ckpt``; the disk fills
+    while ``final.ckpt`` of step 4 is written: exit code 74, one line naming the file, the
+    error and what is intact; both files of step 2 are untouched, and ``ckpt_path=last``
+    finishes the run."""
+    from faults import FailingCheckpointWrites
+
+    from omnibert.apps import finetune
+
+    train = mrpc_file(tmp_path / "train.tsv", 48, seed=1)
+    saving = ["callbacks.checkpoint.every_n_train_steps=2", "callbacks.checkpoint.save_last=true"]
+    failing = FailingCheckpointWrites(("final",), spare=1).install(monkeypatch)
+    with pytest.raises(SystemExit) as stopped:
+        finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, *saving))
+    assert stopped.value.code == 74 and failing.failures == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    folder = tmp_path / "runs" / "mrpc-seed42" / "checkpoints"
+    assert lines[-1].startswith(
+        f"omnibert-finetune: error: could not write the checkpoint {folder}/final.ckpt: No space "
+        "left on device (ENOSPC); it needs about "
+    ), lines[-1]
+    assert lines[-1].endswith(
+        f" at step 4, so the run stops; {folder}/last.ckpt (step 2) is intact: free space there "
+        "(or lower callbacks.checkpoint.keep_last, or set paths.checkpoint_dir to a file system "
+        "with room), and resume with ckpt_path=last"
+    ), lines[-1]
+    assert not any("Traceback" in line for line in lines)
+    assert sorted(p.name for p in folder.iterdir()) == ["final.ckpt", "last.ckpt"]
+    for name in ("final.ckpt", "last.ckpt"):  # what was written before: whole, of step 2
+        assert torch.load(folder / name, weights_only=True)["global_step"] == 2, name
+    monkeypatch.undo()
+    summary = finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, *saving, "ckpt_path=last"))
+    assert summary["steps"] == 6
+    assert torch.load(folder / "final.ckpt", weights_only=True)["global_step"] == 6
