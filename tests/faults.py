@@ -133,6 +133,29 @@ class PauseAtMicroBatch(pl.Callback):
             checkpoint["pause_at_micro_batch"] = _SlowToPickle(self.hold_s)
 
 
+class SignalAtMicroBatch(pl.Callback):
+    """In a run that starts before optimiser step ``step``, send this process ``signum``
+    (SIGTERM by default) at the end of micro-batch ``micro_batch`` of that step: a stop inside
+    a step of an in-process run, at a known micro-batch."""
+
+    def __init__(self, step: int, micro_batch: int, signum: int = 15) -> None:
+        super().__init__()
+        self.step, self.micro_batch, self.signum = step, micro_batch, signum
+        self._armed = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._armed = trainer.global_step < self.step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        accumulate = int(trainer.accumulate_grad_batches)
+        here = (
+            trainer.global_step + 1 == self.step and args[-1] % accumulate + 1 == self.micro_batch
+        )
+        if self._armed and here:
+            self._armed = False
+            os.kill(os.getpid(), self.signum)
+
+
 class PauseInValidation(pl.Callback):
     """Wait at the end of validation batch ``batch`` of the validation after optimiser step
     ``step`` until SIGTERM / SIGINT arrives, announcing it on stderr
