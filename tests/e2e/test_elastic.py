@@ -34,6 +34,7 @@ import torch
 from test_ranks import ARGS, STEPS, _finish, _free_port, started
 from training_state import assert_same_training_state, load_state
 
+from omnibert.config import TrainConfig
 from omnibert.errors import UserError, exit_on, set_process_rank
 from omnibert.run.pretraining.job import prepare
 from omnibert.stopping import Stopped
@@ -135,8 +136,8 @@ def test_a_checkpoint_with_rank_0s_rng_states_only_resumes_and_the_plan_says_so(
     assert states_for_rank(old, 1) is old[RNG_KEY]
     root = tmp_path / "runs"
     shutil.rmtree(root, ignore_errors=True)
-    plan = prepare(compose_config(*RUN, "accelerator.devices=2", f"ckpt_path={path}",
-                                  root=root)).plan  # fmt: skip
+    plan = prepare(TrainConfig.of(compose_config(*RUN, "accelerator.devices=2", f"ckpt_path={path}",
+                                  root=root))).plan  # fmt: skip
     assert plan.resume_changes == [
         "RNG states: the checkpoint holds rank 0's only (written before omnibert saved every "
         "rank's); rank 1 goes on from rank 0's states, so it draws rank 0's dropout masks"

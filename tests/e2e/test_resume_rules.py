@@ -340,14 +340,16 @@ def test_auto_resumes_this_run_starts_fresh_or_refuses_another_run(
     checkpoint of another run (another recipe or model) is refused in one sentence."""
     ckpt = _checkpoints(two_steps) / "last.ckpt"
     same = ("phase.max_steps=2", "callbacks.checkpoint.every_n_train_steps=1")
-    plan = prepare(compose_config(*SMOKE, "ckpt_path=auto", *same, root=two_steps)).plan
+    plan = prepare(
+        TrainConfig.of(compose_config(*SMOKE, "ckpt_path=auto", *same, root=two_steps))
+    ).plan
     assert plan.ckpt_path == str(ckpt) and plan.resume_changes == []
     assert f"resume from         {ckpt} (ckpt_path=auto: this run's last checkpoint)" in (
         plan.table()
     )
     with pytest.raises(UserError) as refused:
-        prepare(compose_config(*SMOKE, "ckpt_path=auto", *same, "optimizer.lr=1e-3",
-                               root=two_steps))  # fmt: skip
+        prepare(TrainConfig.of(compose_config(*SMOKE, "ckpt_path=auto", *same, "optimizer.lr=1e-3",
+                               root=two_steps)))  # fmt: skip
     assert str(refused.value) == (
         f"ckpt_path=auto found {ckpt}, a checkpoint of another run (optimizer.lr: 0.006 -> "
         "0.001 (the optimiser's groups and the schedule's peak take it)); to go on from it "
@@ -355,17 +357,17 @@ def test_auto_resumes_this_run_starts_fresh_or_refuses_another_run(
         "resume it with ckpt_path=last, or start a new run under another run_name."
     )
     with pytest.raises(UserError, match="was written for another model"):
-        prepare(compose_config(*SMOKE, "ckpt_path=auto", *same, "model.config.hidden_size=64",
-                               "model.config.intermediate_size=64", root=two_steps))  # fmt: skip
-    fresh = prepare(compose_config(*SMOKE, "ckpt_path=auto", root=tmp_path)).plan
+        prepare(TrainConfig.of(compose_config(*SMOKE, "ckpt_path=auto", *same, "model.config.hidden_size=64",
+                               "model.config.intermediate_size=64", root=two_steps)))  # fmt: skip
+    fresh = prepare(TrainConfig.of(compose_config(*SMOKE, "ckpt_path=auto", root=tmp_path))).plan
     assert fresh.ckpt_path is None
     assert "resume from         fresh run (ckpt_path=auto: no last.ckpt yet)" in fresh.table()
     # a launcher's restart: the same command, no ckpt_path, goes on from last.ckpt
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    plan = prepare(compose_config(*SMOKE, *same, root=two_steps)).plan
+    plan = prepare(TrainConfig.of(compose_config(*SMOKE, *same, root=two_steps))).plan
     assert plan.ckpt_path == str(ckpt)
     assert plan.resume_reason == "SLURM requeued the job (SLURM_RESTART_COUNT=1), so ckpt_path=auto"
     # not a restart: the fresh run's refusal over an earlier run's checkpoints stays
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     with pytest.raises(UserError, match="resume it with ckpt_path=last"):
-        prepare(compose_config(*SMOKE, *same, root=two_steps))
+        prepare(TrainConfig.of(compose_config(*SMOKE, *same, root=two_steps)))
