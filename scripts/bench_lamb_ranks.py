@@ -38,6 +38,7 @@ import functools
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -151,8 +152,13 @@ def rank_main(rank: int, world: int, settings: dict[str, Any], rendezvous: str, 
         record["unsharded_state_bytes"] = [_state_bytes(plain)] if plain is not None else []
         record["impl"] = [local.resolve_impl()]
         Path(out).write_text(json.dumps(record))
+    # every rank leaves together once rank 0 has written, and without gloo's teardown: on a
+    # loaded machine it aborted a finished rank (SIGABRT, "terminate called without an active
+    # exception"), which failed the whole measurement after its record was written
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def measure(world: int, settings: dict[str, Any]) -> dict[str, Any]:
