@@ -25,6 +25,7 @@ from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
 from omnibert.checkpoints.files import saved_step
 from omnibert.checkpoints.reading import checkpoint_kind, model_from_pretraining_checkpoint
+from omnibert.config.recorded import RecordedTraining
 from omnibert.convert.hf import ConversionError
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
@@ -54,7 +55,9 @@ def _tf1_model(cfg: DictConfig) -> Pretrained:
             )
         vocab_file = str(found)
     model = model_from_tf1(cfg.ckpt, cfg.bert_config)
-    return Pretrained(model, vocab_file, str(cfg.ckpt), "tf1", {}, _tf1_step(cfg.ckpt))
+    return Pretrained(
+        model, vocab_file, str(cfg.ckpt), "tf1", RecordedTraining(None), _tf1_step(cfg.ckpt)
+    )
 
 
 def _tf1_step(prefix: str) -> int | None:
@@ -76,7 +79,8 @@ def _omnibert_model(cfg: DictConfig) -> Pretrained:
             f"bert_config= applies to TensorFlow checkpoints only and ckpt={cfg.ckpt} is not "
             "one (no .index file); drop bert_config= or pass the TF checkpoint's prefix."
         )
-    model, hparams = model_from_pretraining_checkpoint(cfg.ckpt, wanted=EXPORTABLE)
+    model, saved = model_from_pretraining_checkpoint(cfg.ckpt, wanted=EXPORTABLE)
+    hparams = RecordedTraining(saved)
     vocab = checked_vocab(cfg.ckpt, cfg.vocab_file, hparams)
     return Pretrained(model, vocab, str(cfg.ckpt), "omnibert", hparams, saved_step(cfg.ckpt))
 
@@ -129,7 +133,7 @@ def _export_finetuned(cfg: DictConfig) -> None:
         else f", or pipeline('text-classification', model={str(out)!r})"
     )
     print(
-        f"exported {finetuned.checkpoint} (task={finetuned.recipe.get('name')}, BERT "
+        f"exported {finetuned.checkpoint} (task={finetuned.recipe.name}, BERT "
         f"L{config.num_hidden_layers}-H{config.hidden_size}, vocab {config.vocab_size}) to "
         f"{out} ({', '.join(p.name for p in written)}); load it with transformers.{auto}"
         f".from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained({str(out)!r})"

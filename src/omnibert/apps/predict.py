@@ -90,7 +90,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from omnibert.run.tools.predicting import check_task, predict_records, read_inputs
 
     finetuned = load_finetuned(config.ckpt)
-    recipe = dict(finetuned.recipe)
+    recipe = finetuned.recipe.plain()
     data = task_data(recipe)
     check_task(config, data, config.ckpt)
     inputs = read_inputs(config, data)  # before any forward pass: a bad file costs nothing

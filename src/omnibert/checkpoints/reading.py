@@ -30,6 +30,7 @@ import torch
 
 from omnibert.checkpoints.files import unreadable_checkpoint
 from omnibert.compat import load_checkpoint
+from omnibert.config.recorded import RecordedRecipe
 from omnibert.convert.hf import (
     TIED_KEYS,
     ConversionError,
@@ -279,7 +280,7 @@ def model_from_pretraining_checkpoint(
 
 def read_finetuned(
     file: Path, key: str, named: str, fix: str
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any], RecordedRecipe]:
     """An omnibert-finetune checkpoint: (the checkpoint, its hyper-parameters, its task
     recipe). One sentence when it cannot be read (naming ``key``) or holds no recipe
     (``named`` is not one; ``fix``)."""
@@ -293,7 +294,7 @@ def read_finetuned(
         raise FineTuneInputError(
             f"{named} is not an omnibert-finetune checkpoint (no task recipe); {fix}."
         )
-    return ckpt, hparams, recipe
+    return ckpt, hparams, RecordedRecipe(recipe)
 
 
 @dataclass
@@ -301,7 +302,7 @@ class Finetuned:
     """A fine-tuned task back from its checkpoint (:func:`load_finetuned`), in eval mode."""
 
     task: Any
-    recipe: dict[str, Any]
+    recipe: RecordedRecipe
     vocab_file: Path
     checkpoint: Path
 
@@ -321,11 +322,11 @@ def _checkpoint_file(path: Path) -> Path:
     return path
 
 
-def task_class(recipe: dict[str, Any]) -> Any:
+def task_class(recipe: Mapping[str, Any]) -> Any:
     """The LightningModule a fine-tuned recipe was trained with: question answering for a
     recipe with windows (``doc_stride``; SQuAD), sequence classification otherwise."""
-    squad = "doc_stride" in recipe or recipe.get("format") == "squad"
-    return QuestionAnsweringTask if squad else SequenceClassificationTask
+    qa = RecordedRecipe(recipe).question_answering
+    return QuestionAnsweringTask if qa else SequenceClassificationTask
 
 
 def load_finetuned(path: str | Path) -> Finetuned:

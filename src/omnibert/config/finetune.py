@@ -15,7 +15,6 @@ from omegaconf import MISSING, DictConfig
 from omnibert.config.node import (
     Composition,
     Node,
-    composition,
     interpolation_origins,
     resolve,
     with_composition,
@@ -26,6 +25,7 @@ from omnibert.config.sections import (
     Checkpointing,
     ConfigError,
     InitialWeights,
+    JobSections,
     Nodes,
     OptimizerNode,
     Paths,
@@ -135,7 +135,7 @@ class Recipe:
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(JobSections):
     """One fine-tuning run: the schema ``conf/finetune.yaml`` is composed against and, built
     by :meth:`of`, the run's typed config (``_target_`` nodes: :class:`Node` values)."""
 
@@ -174,16 +174,6 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         at_least("micro_batch_size", self.micro_batch_size, 1)
         Checkpointing.among(self.callbacks)  # its ranges, now
-
-    @property
-    def checkpointing(self) -> Checkpointing | None:
-        """``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)."""
-        return Checkpointing.among(self.callbacks)
-
-    @property
-    def composition(self) -> Composition:
-        """How this config was composed (:class:`Composition`)."""
-        return composition(self)
 
     @property
     def task_name(self) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from omegaconf import MISSING
 
-from omnibert.config.node import Node, Optimizer, node_or_none, nodes
+from omnibert.config.node import Composition, Node, Optimizer, composition, node_or_none, nodes
 from omnibert.errors import UserError
 
 SectionT = TypeVar("SectionT")
@@ -179,6 +179,24 @@ class Checkpointing:
     def save_top_k(self) -> int:
         """Lightning's ``save_top_k`` (``-1``: all)."""
         return -1 if self.keep_last is None else self.keep_last
+
+
+class JobSections:
+    """What the jobs' configs (training, fine-tuning) read alike from their sections: the
+    checkpoint callback's settings and how the config was composed. A base without fields:
+    the dataclass that takes it keeps its own schema."""
+
+    callbacks: tuple[Node, ...]
+
+    @property
+    def checkpointing(self) -> Checkpointing | None:
+        """``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)."""
+        return Checkpointing.among(self.callbacks)
+
+    @property
+    def composition(self) -> Composition:
+        """How this config was composed (:class:`~omnibert.config.node.Composition`)."""
+        return composition(self)
 
 
 @dataclass(frozen=True)

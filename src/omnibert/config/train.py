@@ -21,7 +21,6 @@ from omegaconf import MISSING, DictConfig
 from omnibert.config.node import (
     Composition,
     Node,
-    composition,
     interpolation_origins,
     resolve,
     with_composition,
@@ -32,6 +31,7 @@ from omnibert.config.sections import (
     AcceleratorSection,
     Checkpointing,
     ConfigError,
+    JobSections,
     Nodes,
     OptimizerNode,
     Paths,
@@ -66,7 +66,7 @@ def override_keys(overrides: Iterable[str] | None) -> frozenset[str]:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(JobSections):
     """One pretraining run (one phase): the schema ``conf/pretrain.yaml`` is composed against
     (:func:`omnibert.apps.compose.register`) and, built by :meth:`of`, the run's typed
     config. ``_target_`` nodes are open to OmegaConf and :class:`Node` values here."""
@@ -155,16 +155,6 @@ class TrainConfig:
                 f"phase.max_steps={self.trainer.max_steps!r} must be a positive integer."
             )
         Checkpointing.among(self.callbacks)  # its ranges, now
-
-    @property
-    def checkpointing(self) -> Checkpointing | None:
-        """``callbacks.checkpoint``'s settings, checked (None: no checkpoint callback)."""
-        return Checkpointing.among(self.callbacks)
-
-    @property
-    def composition(self) -> Composition:
-        """How this config was composed (:class:`Composition`)."""
-        return composition(self)
 
     def starting_from(
         self, init_from: str | None, ckpt_path: str | None = None, *, model_init: bool = True

@@ -24,11 +24,10 @@ __all__ = [
     "BertEmbeddings",
     "BertIntermediate",
     "BertLayer",
-    "BertOutput",
     "BertSelfAttention",
-    "BertSelfOutput",
     "LayerInputs",
     "RMSNorm",
+    "ResidualOutput",
     "Rotary",
     "hidden_activation",
     "init_bert_weights_",
@@ -242,12 +241,14 @@ class BertSelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(batch, rows, heads * width)
 
 
-class BertSelfOutput(nn.Module):
-    """The attention's output projection and residual sum (then the norm, post-norm only)."""
+class ResidualOutput(nn.Module):
+    """A projection back to the hidden width, dropout and the residual sum (then the norm,
+    post-norm only): the attention's output (from ``hidden_size``, Hugging Face's
+    ``BertSelfOutput``) and the feed-forward's (from ``intermediate_size``, ``BertOutput``)."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.dense = nn.Linear(in_features, config.hidden_size, bias=config.bias)
         self.LayerNorm = make_norm(config) if config.norm_position == "post" else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -259,7 +260,7 @@ class BertAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.output = ResidualOutput(config, config.hidden_size)
 
     def forward(
         self,
@@ -302,17 +303,6 @@ class BertIntermediate(nn.Module):
         return out
 
 
-class BertOutput(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
-        self.LayerNorm = make_norm(config) if config.norm_position == "post" else nn.Identity()
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
-
-
 class BertLayer(nn.Module):
     """One encoder layer: post-norm (BERT) or pre-norm (``attn_norm`` before the attention,
     none in layer 0 as in ModernBERT, ``mlp_norm`` before the feed-forward)."""
@@ -325,7 +315,7 @@ class BertLayer(nn.Module):
             self.mlp_norm = make_norm(config)
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = ResidualOutput(config, config.intermediate_size)
 
     def forward(
         self,

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from omnibert.config.recorded import RecordedRecipe
 from omnibert.models import BertConfig
 from omnibert.models.heads import (
     HEAD_KEYS,
@@ -82,6 +83,8 @@ class FineTuningTask(TrainingTask):
         )
         self.update_rule = UpdateRule(plain(optimizer), plain(schedule), total_steps)
         self.config = config
+        #: the recipe read back typed (what a checkpoint of this task records)
+        self.recipe = RecordedRecipe(recipe)
         self.model = self.build_model(config)
         self.train_losses: list[Tensor] = []
 
@@ -150,15 +153,14 @@ class QuestionAnsweringTask(FineTuningTask):
 
 
 class SequenceClassificationTask(FineTuningTask):
-    """GLUE sentence(-pair) classification: logits over ``recipe['num_labels']`` classes,
+    """GLUE sentence(-pair) classification: logits over the recipe's ``num_labels`` classes,
     cross-entropy; with ``num_labels: 1`` a regression (STS-B): one score, mean squared error
     (Hugging Face's ``problem_type="regression"``)."""
 
     head = "classification"
 
     def build_model(self, config: BertConfig) -> nn.Module:
-        labels = int(self.hparams["recipe"].get("num_labels", 2))
-        return BertForSequenceClassification(config, labels)
+        return BertForSequenceClassification(config, self.recipe.num_labels)
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
         logits: Tensor = self.model(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omnibert.checkpoints.reading import Finetuned
+from omnibert.config.recorded import RecordedRecipe, RecordedTraining
 from omnibert.convert.hf import ConversionError
 from omnibert.convert.hf_export import export_hf
 from omnibert.convert.hub_tokenizer import tokenizer_problem
@@ -68,10 +69,10 @@ def lower_casing(given: bool | None, recorded: Any, vocab_file: str) -> tuple[bo
     return uncased, f"from the vocab: it has {why} with upper-case letters"
 
 
-def checked_vocab(ckpt: str, given: str | None, hparams: dict[str, Any]) -> str:
+def checked_vocab(ckpt: str, given: str | None, hparams: RecordedTraining) -> str:
     """The vocab.txt to export: ``vocab_file=`` or the one the checkpoint was trained with,
     whose sha256 (recorded by the task) must still be the file's."""
-    recorded, sha = hparams.get("vocab_file"), hparams.get("vocab_sha256")
+    recorded, sha = hparams.vocab_file, hparams.vocab_sha256
     vocab_file = given if given is not None else recorded
     if vocab_file is None:
         raise ConversionError(
@@ -116,7 +117,7 @@ def export_pretrained(
     else:
         arch, leave_out, hf_config = "ModernBertForMaskedLM", (), None
     problem = tokenizer_problem(p.vocab_file)
-    lower = lower_casing(do_lower_case, p.hparams.get("do_lower_case"), p.vocab_file)
+    lower = lower_casing(do_lower_case, p.hparams.do_lower_case, p.vocab_file)
     out = Path(out)
     card = pretrained_card(p, out, arch, lower, kept_nsp=choice == "pretraining")
     written = export_hf(
@@ -182,7 +183,7 @@ def export_hf_finetuned(
             "Hugging Face's BertForSequenceClassification (pooler on [CLS]) cannot express; "
             "export a model fine-tuned with pooling=cls."
         )
-    hf["finetuning_task"] = finetuned.recipe.get("name")
+    hf["finetuning_task"] = finetuned.recipe.name
     leave_out: tuple[str, ...] = ()
     qa = finetuned.task.head == "question_answering"
     if qa:
@@ -204,19 +205,18 @@ def export_hf_finetuned(
     )
 
 
-def _qa_settings(recipe: dict[str, Any]) -> dict[str, Any]:
+def _qa_settings(recipe: RecordedRecipe) -> dict[str, Any]:
     """The run's windows and span rule, for :mod:`omnibert.finetune.qa_client` (config.json's
     ``question_answering``): what omnibert-predict uses on this run."""
     data = task_data(recipe)
     return {
-        **{key: recipe[key] for key in ("max_seq_length", "doc_stride", "max_query_length",
-                                        "n_best_size", "max_answer_length")},
+        **recipe.qa_windows(),
         "version_2_with_negative": bool(getattr(data, "version_2", False)),
-        "null_score_diff_threshold": float(recipe.get("null_score_diff_threshold") or 0.0),
-    }  # fmt: skip
+        "null_score_diff_threshold": recipe.null_score_diff_threshold,
+    }
 
 
-def _labels(recipe: dict[str, Any], num_labels: int) -> dict[str, Any]:
+def _labels(recipe: RecordedRecipe, num_labels: int) -> dict[str, Any]:
     """``problem_type``, ``id2label`` and ``label2id`` of a classification head: the task's
     label names (:class:`omnibert.finetune.glue.GlueData`), Hugging Face's ``LABEL_<i>``
     where the task has none (STS-B's one score)."""

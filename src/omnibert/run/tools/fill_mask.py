@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omnibert.checkpoints.reading import FINETUNED_CKPT, checkpoint_kind, load_pretrained
+from omnibert.config.recorded import RecordedTraining
 from omnibert.config.tools import PredictConfig
 from omnibert.convert.hub_tokenizer import SPECIAL_TOKENS, wordpiece_tokenizer
 from omnibert.finetune.tokenizer import FineTuneInputError
@@ -79,8 +80,8 @@ def masked_lm_path(ckpt: str) -> Path | None:
     return None if checkpoint_kind(path) == "finetuned" else path
 
 
-def _omnibert_vocab(ckpt: Path, hparams: dict[str, Any]) -> str:
-    vocab, sha = hparams.get("vocab_file"), hparams.get("vocab_sha256")
+def _omnibert_vocab(ckpt: Path, hparams: RecordedTraining) -> str:
+    vocab, sha = hparams.vocab_file, hparams.vocab_sha256
     fix = (
         "export it with omnibert-export ckpt=<it> vocab_file=<its vocab.txt> out=<dir> and pass "
         "ckpt=<dir>"
@@ -122,9 +123,10 @@ def load_masked_lm(path: Path, bert_config: str | None = None) -> MaskedLM:
 
     kind = checkpoint_kind(path)
     if kind == "omnibert":
-        model, hparams = model_from_pretraining_checkpoint(path, "ckpt")
+        model, saved = model_from_pretraining_checkpoint(path, "ckpt")
+        hparams = RecordedTraining(saved)
         vocab = _omnibert_vocab(path, hparams)
-        lower = lower_casing(None, hparams.get("do_lower_case"), vocab)[0]
+        lower = lower_casing(None, hparams.do_lower_case, vocab)[0]
         return MaskedLM(model.eval(), wordpiece_tokenizer(vocab, lower), str(path))
     loaded = load_pretrained(path, bert_config, require_heads=False)
     if "cls.predictions" in loaded.fresh_heads:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnibert.config.recorded import RecordedTraining
 from omnibert.convert.model_card import Metric, ModelCard, hub_id
 from omnibert.run.tools.run_records import RunSummary, read_summary, run_summary
 
@@ -28,19 +29,15 @@ class Pretrained:
     vocab_file: str
     source: str
     kind: str
-    hparams: dict[str, Any]
+    hparams: RecordedTraining
     step: int | None
 
 
-def _short(target: Any) -> str:
-    return str(target).rsplit(".", 1)[-1] if target else "unknown"
-
-
-def recipe_rows(hparams: dict[str, Any], step: int | None, plan: dict[str, Any]) -> list:
+def recipe_rows(hparams: RecordedTraining, step: int | None, plan: dict[str, Any]) -> list:
     """The training recipe's table rows: steps, batch, shape, optimiser, schedule, precision
     (what the checkpoint's hyper-parameters and the run's plan record)."""
     rows: list[tuple[str, str]] = []
-    total = hparams.get("total_steps")
+    total = hparams.total_steps
     if step is not None:
         rows.append(("optimiser steps", f"{step:,}" + (f" of {total:,} planned" if total else "")))
     batch = plan.get("batch") or {}
@@ -57,18 +54,16 @@ def recipe_rows(hparams: dict[str, Any], step: int | None, plan: dict[str, Any])
             "sequence length", f"{data['max_seq_length']} tokens, "
             f"{data.get('max_predictions_per_seq')} masked positions",
         ))  # fmt: skip
-    optimizer = hparams.get("optimizer") or {}
-    if optimizer:
-        extra = ", ".join(
-            f"{k} {optimizer[k]}" for k in ("weight_decay", "betas", "eps") if k in optimizer
-        )
-        rows.append(("optimiser", f"{_short(optimizer.get('_target_'))} ({extra})"))
-        rows.append(("peak learning rate", f"{optimizer.get('lr')}"))
-    schedule = hparams.get("schedule") or {}
-    if schedule:
+    optimizer = hparams.optimizer
+    if optimizer is not None:
+        extra = ", ".join(f"{k} {v}" for k, v in optimizer.listed(("weight_decay", "betas", "eps")))
+        rows.append(("optimiser", f"{optimizer.short_name} ({extra})"))
+        rows.append(("peak learning rate", f"{optimizer.lr}"))
+    schedule = hparams.schedule
+    if schedule is not None:
         keys = ("warmup_proportion", "warmup_steps", "power", "decay_proportion")
-        extra = ", ".join(f"{k} {schedule[k]}" for k in keys if schedule.get(k) is not None)
-        rows.append(("schedule", f"{_short(schedule.get('_target_'))} ({extra})"))
+        extra = ", ".join(f"{k} {v}" for k, v in schedule.listed(keys))
+        rows.append(("schedule", f"{schedule.short_name} ({extra})"))
     if plan.get("precision"):
         rows.append(("precision", str(plan["precision"])))
     if plan.get("objective"):
@@ -170,7 +165,7 @@ def pretrained_card(
             if p.kind == "omnibert"
             else "No evaluation is recorded in a TensorFlow 1 checkpoint."
         )
-    started = p.hparams.get("init_from")
+    started = p.hparams.init_from
     data = _data_lines(plan)
     return ModelCard(
         title=f"{name} ({arch})",
@@ -225,7 +220,7 @@ def finetuned_card(finetuned: Any, out: Path, qa: bool) -> str:
     summary = _finetune_summary(Path(finetuned.checkpoint))
     values = summary.values if summary else {}
     plan = summary.plan if summary else {}
-    task = recipe.get("name")
+    task = recipe.name
     arch = "BertForQuestionAnswering" if qa else "BertForSequenceClassification"
     started = values.get("init_from")
     if qa:
@@ -261,12 +256,10 @@ def finetuned_card(finetuned: Any, out: Path, qa: bool) -> str:
     )
     if values.get("train_examples"):
         data.append(f"{values['train_examples']:,} training examples")
-    recipe_table = [
-        (key, str(recipe[key]))
-        for key in ("epochs", "batch_size", "lr", "warmup_proportion", "max_seq_length",
-                    "doc_stride", "max_query_length", "n_best_size", "max_answer_length")
-        if recipe.get(key) is not None
-    ]  # fmt: skip
+    recipe_table = recipe.listed(
+        ("epochs", "batch_size", "lr", "warmup_proportion", "max_seq_length", "doc_stride",
+         "max_query_length", "n_best_size", "max_answer_length")
+    )  # fmt: skip
     if values.get("steps"):
         recipe_table.insert(0, ("optimiser steps", f"{values['steps']:,}"))
     if plan.get("precision"):
