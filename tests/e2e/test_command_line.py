@@ -69,6 +69,7 @@ def test_each_app_refuses_an_unwritable_output_before_any_work(
         ("pretrain", ["phase.zzz=1"], "phase has phase.name, phase.max_seq_length,"),
         ("pretrain", ["model=bert_bse"], "model=bert_bse is not an option of model; did you mean bert_base"),
         ("pretrain", ["-m", "model=bert_tiny,bert_mini", "phase.max_step=1,2"], "did you mean phase.max_steps"),
+        ("pretrain", ["mlperf.target_accuracy=2"], "mlperf.target_accuracy=2 sets a key of mlperf, which this config leaves off (mlperf: null); choose one first (mlperf=bert) or drop mlperf.target_accuracy."),
     ],
 )  # fmt: skip
 def test_mistyped_keys_name_the_closest_existing_ones(config, argv, expected) -> None:

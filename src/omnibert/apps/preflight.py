@@ -171,9 +171,48 @@ def _compose(config_name: str, overrides: list[str]) -> Any:
         if match is None:
             return None
         _unknown_key(match.group(1), config_name, overrides)
-    except Exception:
+    except Exception:  # e.g. OmegaConf's assertion on a key under a group left null
+        _key_of_null_group(config_name, overrides)
         return None
     return None
+
+
+def _key_of_null_group(config_name: str, overrides: list[str]) -> None:
+    """Raise :class:`ConfigKeyError` when an override sets a key under a config group this
+    config leaves off (``mlperf: null`` in the defaults): composing it fails inside OmegaConf
+    with an assertion that names nothing."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    from omnibert.apps.compose import CONFIG_MODULE, compose
+
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if not eq or key.startswith(("~", "+")) or "." not in key or "@" in key:
+            continue
+        group = key.split(".", 1)[0]
+        # the group selections alone: another key's problem must not hide this one's
+        rest = [o for o in overrides if "." not in o.partition("=")[0]]
+        try:
+            off = OmegaConf.select(compose(config_name, rest), group, default=0) is None
+        except Exception:
+            continue
+        if not off:
+            continue
+        folder = resources.files(CONFIG_MODULE) / group
+        options = sorted(
+            f.name.removesuffix(".yaml")
+            for f in (folder.iterdir() if folder.is_dir() else ())
+            if f.name.endswith(".yaml")
+        )
+        choose = (
+            f"choose one first ({', '.join(f'{group}={o}' for o in options)})" if options else ""
+        )
+        raise ConfigKeyError(
+            f"{key}={value} sets a key of {group}, which this config leaves off ({group}: null); "
+            f"{choose + ' or ' if choose else ''}drop {key}."
+        )
 
 
 #: the first line of OmegaConf's conversion error -> what the value is not
