@@ -88,8 +88,8 @@ def test_a_disk_that_fills_stops_fine_tuning_in_one_line_and_it_resumes(
     ), lines[-1]
     assert lines[-1].endswith(
         f" at step 4, so the run stops; {folder}/last.ckpt (step 2) is intact: free space there "
-        "(or lower callbacks.checkpoint.keep_last, or set paths.checkpoint_dir to a file system "
-        "with room), and resume with ckpt_path=last"
+        "(or set paths.checkpoint_dir to a file system with room), and resume with "
+        "ckpt_path=last"
     ), lines[-1]
     assert not any("Traceback" in line for line in lines)
     assert sorted(p.name for p in folder.iterdir()) == ["final.ckpt", "last.ckpt"]

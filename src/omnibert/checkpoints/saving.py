@@ -124,12 +124,21 @@ class PretrainingCheckpoint(ModelCheckpoint):
                     atomic_copy(resumed, last)
                 except CheckpointWriteError as err:
                     raise err.explain(
-                        f" (a copy of {resumed}, the checkpoint this run resumes): {err.fix}, "
-                        "and run it again"
+                        f" (a copy of {resumed}, the checkpoint this run resumes): "
+                        f"{err.fix(self.keeps_fewer_possible)}, and run it again"
                     ) from None
                 log.info("copied %s to %s, the state this run resumes", resumed, last)
             trainer.strategy.barrier("omnibert resumed checkpoint copied")
             self.last_model_path = str(last)
+
+    @property
+    def keeps_fewer_possible(self) -> bool:
+        """A lower ``keep_last`` would leave fewer files: the files are named by step
+        (pretraining's ``step-*.ckpt``, not fine-tuning's one ``final.ckpt``) and it keeps
+        some besides ``last.ckpt``, or more than one without it."""
+        by_step = "{step" in str(self.filename or "")
+        keeps = self.keep_last is None or self.keep_last > (0 if self.save_last else 1)
+        return by_step and keeps
 
     def step_checkpoints(self) -> dict[str, int]:
         """The step checkpoints this run's history holds (path -> step), files of an
@@ -296,7 +305,8 @@ class PretrainingCheckpoint(ModelCheckpoint):
         what = "the state of this step is not saved" if self._final else "the run stops"
         resume = "resume with ckpt_path=last" if "intact" in kept else "run it again"
         raise error.explain(
-            f" at step {step}{undone}, so {what}; {kept}: {error.fix}, and {resume}"
+            f" at step {step}{undone}, so {what}; {kept}: "
+            f"{error.fix(self.keeps_fewer_possible)}, and {resume}"
         )
 
     def _prune_beyond_keep_last(self, trainer: pl.Trainer) -> None:
@@ -379,6 +389,9 @@ def save_now(trainer: pl.Trainer) -> str | None:
         trainer.save_checkpoint(path)
     except CheckpointWriteError as err:
         step = trainer.global_step
-        raise err.explain(f" at step {step}: {err.fix}, and run it again") from None
+        raise err.explain(
+            f" at step {step}: {err.fix(getattr(checkpointing, 'keeps_fewer_possible', True))}, "
+            "and run it again"
+        ) from None
     checkpointing.last_model_path = str(path)
     return str(path)

@@ -36,11 +36,12 @@ from omnibert.errors import RunFailed
 TMP_MARKER = ".tmp-"
 
 #: what to do about each kind of write error, ending "... and resume with ckpt_path=last"
+#: ({lower}: the keep_last clause where the run keeps more than one step checkpoint)
 _FIXES = {
-    errno.ENOSPC: "free space there (or lower callbacks.checkpoint.keep_last, or set "
-    "paths.checkpoint_dir to a file system with room)",
-    errno.EDQUOT: "free space within your quota there (or lower callbacks.checkpoint.keep_last, "
-    "or set paths.checkpoint_dir elsewhere)",
+    errno.ENOSPC: "free space there (or {lower}set paths.checkpoint_dir to a file system with "
+    "room)",
+    errno.EDQUOT: "free space within your quota there (or {lower}set paths.checkpoint_dir "
+    "elsewhere)",
     errno.EFBIG: "raise the file size limit of the job (ulimit -f) above the checkpoint's size",
     errno.EROFS: "the file system was made read-only (often after disk errors: see dmesg); "
     "remount it or set paths.checkpoint_dir elsewhere",
@@ -146,10 +147,14 @@ class CheckpointWriteError(RunFailed):
                 text += f" and {format_bytes(self.free)} are free on that file system"
         return text + self.context
 
-    @property
-    def fix(self) -> str:
-        """What to do about it, for the end of the sentence."""
-        return _FIXES.get(self.errno or -1, "make paths.checkpoint_dir writable")
+    def fix(self, fewer_files: bool = True) -> str:
+        """What to do about it, for the end of the sentence; ``fewer_files``: the run could
+        keep fewer step checkpoints (a lower ``keep_last`` is advised only then: fine-tuning
+        keeps its one ``final.ckpt``)."""
+        lower = "lower callbacks.checkpoint.keep_last, or " if fewer_files else ""
+        return _FIXES.get(self.errno or -1, "make paths.checkpoint_dir writable").format(
+            lower=lower
+        )
 
     def explain(self, context: str) -> CheckpointWriteError:
         """Append ``context`` (``" at step 4; ..."``) to the message; returns self."""
