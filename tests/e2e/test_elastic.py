@@ -119,7 +119,9 @@ def test_two_node_agents_train_to_the_weights_of_one_nodes_two_processes(uninter
     _, lines, root = uninterrupted
     layouts = [line.split("launcher", 1)[1].strip() for line in lines
                if line.startswith("  launcher  ")]  # fmt: skip
-    assert layouts == ["torchrun: world size 2, rank 0 (local rank 0 of 1)"], "\n".join(lines)
+    assert layouts == ["torchrun: world size 2, rank 0 (local rank 0 of 1, node 0 of 2)"], (
+        "\n".join(lines)
+    )
     two_nodes, one_node = load_state(_last(root)), load_state(_last(restarted[2]))
     assert_same_training_state(one_node, two_nodes, STEPS)
 
