@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from omnibert.accelerators.elastic import mark_joined, store_of_this_start
+from omnibert.accelerators.elastic import JOINED, MarkJoined, mark_joined, store_of_this_start
 from omnibert.checkpoints.resuming import auto_resume_reason
 from omnibert.errors import LostRank
 
@@ -128,6 +128,21 @@ def test_every_node_resumes_once_the_group_has_joined_whatever_its_restart_count
     # a ckpt_path the command sets is the command's
     assert auto_resume_reason("auto", _torchrun(store, "next", 0)) == "ckpt_path=auto"
     assert auto_resume_reason("last", _torchrun(store, "next", 1)) is None
+
+
+def test_every_run_marks_the_store_once_its_rank_is_in_the_process_group(store, monkeypatch):
+    """:class:`MarkJoined`, a callback of every run whatever its strategy, on one rank."""
+    for key, value in _torchrun(store, "mark", 0).items():
+        monkeypatch.setenv(key, value)
+    MarkJoined().setup(None, None, "fit")  # type: ignore[arg-type]
+    assert not store.check([JOINED])  # no process group yet: the plan's time
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", _client(store)), rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        MarkJoined().setup(None, None, "fit")  # type: ignore[arg-type]
+    finally:
+        dist.destroy_process_group()
+    assert store.check([JOINED])
 
 
 def test_without_torchruns_shared_store_the_restart_counts_decide():

@@ -16,8 +16,7 @@ one process: Lightning's ``DDPStrategy`` with
   step) is not a loss;
 * under ``torchrun``, each start of the group (``--max-restarts``, another node's restart)
   joins under keys of its own in torchrun's store: a restarted group would otherwise read
-  the failed start's addresses; once joined, the group marks the store, which tells a later
-  start's ranks that they go on from a checkpoint (:mod:`omnibert.accelerators.elastic`);
+  the failed start's addresses (:mod:`omnibert.accelerators.elastic`);
 * under ``mpirun`` (Open MPI), :class:`OpenMPIEnvironment` (Lightning's ``MPIEnvironment``
   needs mpi4py);
 * with ``accelerator.optimizer_sharding=zero1``, the optimiser partitioned over the ranks
@@ -46,12 +45,7 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-from omnibert.accelerators.elastic import (
-    agent_store,
-    joined_before,
-    mark_joined,
-    store_of_this_start,
-)
+from omnibert.accelerators.elastic import agent_store, store_of_this_start
 from omnibert.accelerators.launchers import OPEN_MPI
 from omnibert.errors import EXIT_LOST_RANK, LostRank, report_lost_rank
 
@@ -172,7 +166,6 @@ class OmnibertDDPStrategy(DDPStrategy):
         joined = torch.distributed.is_initialized()  # a second fit or validate: joined
         store = None if joined else agent_store(self._timeout or START_TIMEOUT)
         if store is not None:  # joined here; Lightning's setup then finds the group made
-            joined_before()  # read before joining, as the plan did (unless ckpt_path was set)
             self.set_world_ranks()
             wait = self._timeout or START_TIMEOUT
             torch.distributed.init_process_group(
@@ -180,7 +173,6 @@ class OmnibertDDPStrategy(DDPStrategy):
                 store=store_of_this_start(store, self.global_rank, self.world_size, wait),
                 world_size=self.world_size, timeout=self._timeout,
             )  # fmt: skip
-            mark_joined(store)
         super().setup_distributed()
         set_timeout = getattr(torch.distributed.distributed_c10d, "_set_pg_timeout", None)
         if self.collective_timeout is not None and set_timeout is not None:

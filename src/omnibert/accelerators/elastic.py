@@ -19,9 +19,10 @@ rendezvous). omnibert needs two things from that store:
 * **Whether this start goes on from an earlier one** (:func:`joined_before`): the agents'
   restart count (``TORCHELASTIC_RESTART_COUNT``) is raised only on the node whose worker
   failed; an agent that restarts because another node's did keeps its count, so one node
-  would resume and the other start fresh. The group marks the store once it has joined
-  (:func:`mark_joined`; checkpoints come only after that), and every rank reads the mark
-  before it joins: all ranks of a later start find it, those of the first start none.
+  would resume and the other start fresh. Every rank marks the store once it is in the
+  process group (:class:`MarkJoined`, a callback of every run, whatever the strategy;
+  checkpoints come only after that), and every rank reads the mark in its plan, before it
+  joins: all ranks of a later start find it, those of the first start none.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+import lightning.pytorch as pl
+
 from omnibert.errors import LostRank
 
 __all__ = [
     "JOINED",
+    "MarkJoined",
     "agent_store",
     "joined_before",
     "mark_joined",
@@ -92,6 +96,21 @@ def joined_before(environ: Mapping[str, str] | None = None) -> bool | None:
 def mark_joined(store: Any) -> None:
     """Mark torchrun's store: this group has joined (:func:`joined_before`)."""
     store.set(JOINED, "1")
+
+
+class MarkJoined(pl.Callback):
+    """:func:`mark_joined` once this rank is in the process group (Lightning sets the
+    callbacks up after the strategy has made the group, which takes every rank of this
+    start, each past its plan); nothing outside torchrun's shared store."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        store = agent_store(CONNECT_TIMEOUT)
+        if store is not None:
+            mark_joined(store)
 
 
 def store_of_this_start(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
