@@ -51,7 +51,7 @@ __all__ = [
 JOINED = "omnibert/joined"
 #: how long a plan waits to reach torchrun's store (it runs before the workers start)
 CONNECT_TIMEOUT = timedelta(seconds=60)
-#: how often rank 0 looks for a rank's answer during the handshake (seconds)
+#: how often a rank looks for its peer's answer during the handshake (seconds)
 POLL_S = 0.05
 
 #: how a line about a rank that did not join ends (as :mod:`omnibert.accelerators.ddp`'s)
@@ -121,7 +121,10 @@ def store_of_this_start(store: Any, rank: int, world_size: int, timeout: timedel
     under the name (``ack``); rank 0 answers whatever nonce it finds under a rank until that
     rank acknowledges, so a nonce left by a rank of an earlier start costs an answer nobody
     reads. The keys a rank waits on are its own nonce's and this start's name's: nothing an
-    earlier start wrote can answer them."""
+    earlier start wrote can answer them. Both sides look every :data:`POLL_S` instead of
+    blocking in the store's ``wait``: a SIGTERM (torchrun ending this start because another
+    node restarted) stops the process at once rather than after the wait, and a ``wait``
+    that times out prints torch's warnings."""
     import torch.distributed as dist
 
     if rank == 0:
@@ -130,13 +133,14 @@ def store_of_this_start(store: Any, rank: int, world_size: int, timeout: timedel
     else:
         nonce = secrets.token_hex(8)
         store.set(f"omnibert/hello/rank{rank}", nonce)
-        try:
-            store.wait([f"omnibert/welcome/{nonce}"], timeout)
-        except dist.DistStoreError:
-            raise LostRank(
-                f"rank 0 did not answer rank {rank} at this start of the group within "
-                f"{timeout.total_seconds():g} s; {_STOPS}"
-            ) from None
+        deadline = time.monotonic() + timeout.total_seconds()
+        while not store.check([f"omnibert/welcome/{nonce}"]):
+            if time.monotonic() > deadline:
+                raise LostRank(
+                    f"rank 0 did not answer rank {rank} at this start of the group within "
+                    f"{timeout.total_seconds():g} s; {_STOPS}"
+                )
+            time.sleep(POLL_S)
         name = store.get(f"omnibert/welcome/{nonce}").decode()
         store.set(f"omnibert/ack/{name}/rank{rank}", "1")
     return dist.PrefixStore(f"omnibert/start-{name}", store)
@@ -144,8 +148,7 @@ def store_of_this_start(store: Any, rank: int, world_size: int, timeout: timedel
 
 def _welcome(store: Any, name: str, world_size: int, timeout: timedelta) -> None:
     """Rank 0's side of :func:`store_of_this_start`: every other rank, in turns of
-    :data:`POLL_S` (polled with ``check``: a store's ``wait`` that times out prints torch's
-    warnings)."""
+    :data:`POLL_S`."""
     deadline = time.monotonic() + timeout.total_seconds()
     answered: dict[int, set[bytes]] = {rank: set() for rank in range(1, world_size)}
     while answered:
