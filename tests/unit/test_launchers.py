@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from omnibert.accelerators.base import AcceleratorError
 from omnibert.accelerators.cpu import CPUPlugin
@@ -24,11 +26,21 @@ from omnibert.accelerators.launchers import LaunchError, check_launch_layout, de
 from omnibert.apps.compose import compose
 from omnibert.config import TrainConfig
 from omnibert.config.sections import ConfigError
+from omnibert.run.launching.slurm import check_slurm_layout
 
 TORCHRUN = {"RANK": "1", "GROUP_RANK": "0", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "WORLD_SIZE": "2"}  # fmt: skip
 MPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
        "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
+#: what srun sets in the task of node 1 of a 2-node job with one task per node
+#: (``sbatch --nodes=2 --ntasks-per-node=1``)
+SLURM_2_NODES = {
+    "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "pretrain", "SLURM_NNODES": "2",
+    "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2",
+    "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_NODELIST": "node[1-2]", "SLURMD_NODENAME": "node2",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -38,14 +50,18 @@ MPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
         ({}, 2, 1, "lightning: world size 2, rank 0 (local rank 0 of 2); this process starts "
                    "the other 1 of this node"),
         ({"LOCAL_RANK": "1", "NODE_RANK": "1"}, 2, 2, "lightning: world size 4, rank 3 "
-                                                      "(local rank 1 of 2)"),
+                                                      "(local rank 1 of 2, node 1 of 2)"),
         (TORCHRUN, 2, 1, "torchrun: world size 2, rank 1 (local rank 1 of 2)"),
-        (MPI, 2, 2, "mpirun (Open MPI): world size 4, rank 3 (local rank 1 of 2)"),
+        ({**TORCHRUN, "GROUP_RANK": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, 1, 2,
+         "torchrun: world size 2, rank 1 (local rank 0 of 1, node 1 of 2)"),
+        (MPI, 2, 2, "mpirun (Open MPI): world size 4, rank 3 (local rank 1 of 2, node 1 of 2)"),
         ({"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
           "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "train"}, 2, 1,
          "slurm: world size 2, rank 1 (local rank 1 of 2)"),
+        (SLURM_2_NODES, 1, 2, "slurm: world size 2, rank 1 (local rank 0 of 1, node 1 of 2)"),
     ],
-    ids=["single", "lightning-rank0", "lightning-child", "torchrun", "mpirun", "slurm"],
+    ids=["single", "lightning-rank0", "lightning-child", "torchrun", "torchrun-2-nodes",
+         "mpirun", "slurm", "slurm-2-nodes"],
 )  # fmt: skip
 def test_the_launcher_is_found_and_said_in_one_line(env, devices, nodes, text):
     assert detect_launcher(devices, nodes, env).describe(devices, nodes) == text
@@ -90,6 +106,28 @@ def test_the_ddp_strategy_carries_timeout_s_and_open_mpis_ranks(monkeypatch):
     assert isinstance(env, OpenMPIEnvironment) and env.creates_processes_externally
     assert (env.world_size(), env.global_rank(), env.local_rank(), env.node_rank()) == (4, 3, 1, 1)
     assert (env.main_address, env.main_port) == ("node0", 29500)
+
+
+def test_slurms_2_node_layout_gives_each_task_its_rank_node_and_rank_0s_address(monkeypatch):
+    """The task of node 1 of ``sbatch --nodes=2 --ntasks-per-node=1`` (``srun`` in
+    scripts/slurm/pretrain.sbatch): Lightning's ``SLURMEnvironment`` under omnibert's DDP
+    strategy, the address and port of rank 0 derived from the node list and the job id as
+    the sbatch script leaves them (tests/e2e/test_elastic.py trains it)."""
+    for key in ("MASTER_ADDR", "MASTER_PORT"):  # Lightning sets them: undone after the test
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    for key, value in SLURM_2_NODES.items():
+        monkeypatch.setenv(key, value)
+    check_slurm_layout("cpu", 1, 2)
+    trainer = pl.Trainer(**CPUPlugin(devices=1, num_nodes=2).trainer_kwargs("32-true"),
+                         logger=False, enable_checkpointing=False)  # fmt: skip
+    strategy = trainer.strategy
+    assert isinstance(strategy, OmnibertDDPStrategy)
+    assert isinstance(strategy.cluster_environment, SLURMEnvironment)
+    layout = (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank)
+    assert layout == (2, 1, 0, 1)
+    environment = strategy.cluster_environment
+    assert (environment.main_address, environment.main_port) == ("node1", 15000 + 4242)
 
 
 @pytest.mark.parametrize("value", [0, -1, "abc", True])

@@ -14,9 +14,9 @@ one process: Lightning's ``DDPStrategy`` with
   code 137; it also did that when a child stopped at a safe point on SIGTERM before rank 0.)
   A child that finished (0) or stopped at a safe point (143, 130: every rank stops at that
   step) is not a loss;
-* under ``torchrun``, each start of the group (``--max-restarts``) joins under keys of its
-  own in torchrun's store (:func:`agent_store_of_this_start`): a restarted group would
-  otherwise read the failed start's addresses;
+* under ``torchrun``, each start of the group (``--max-restarts``, another node's restart)
+  joins under keys of its own in torchrun's store: a restarted group would otherwise read
+  the failed start's addresses (:mod:`omnibert.accelerators.elastic`);
 * under ``mpirun`` (Open MPI), :class:`OpenMPIEnvironment` (Lightning's ``MPIEnvironment``
   needs mpi4py);
 * with ``accelerator.optimizer_sharding=zero1``, the optimiser partitioned over the ranks
@@ -45,6 +45,7 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+from omnibert.accelerators.elastic import agent_store, store_of_this_start
 from omnibert.accelerators.launchers import OPEN_MPI
 from omnibert.errors import EXIT_LOST_RANK, LostRank, report_lost_rank
 
@@ -52,7 +53,6 @@ __all__ = [
     "OmnibertDDPStrategy",
     "OpenMPIEnvironment",
     "WatchedLauncher",
-    "agent_store_of_this_start",
     "ddp_strategy",
     "how_it_ended",
     "lost_rank",
@@ -63,6 +63,7 @@ __all__ = [
 RESUME = "the run stops; resume with ckpt_path=last"
 #: the shortest wait for every rank to join the process group at start (seconds)
 START_TIMEOUT_S = 600.0
+START_TIMEOUT = timedelta(seconds=START_TIMEOUT_S)
 #: exit codes of a child that is not lost: finished, or stopped at a safe point like every rank
 NOT_LOST = (0, 128 + signal.SIGTERM, 128 + signal.SIGINT)
 
@@ -163,11 +164,13 @@ class OmnibertDDPStrategy(DDPStrategy):
 
     def setup_distributed(self) -> None:
         joined = torch.distributed.is_initialized()  # a second fit or validate: joined
-        store = None if joined else agent_store_of_this_start(self._timeout)
+        store = None if joined else agent_store(self._timeout or START_TIMEOUT)
         if store is not None:  # joined here; Lightning's setup then finds the group made
             self.set_world_ranks()
+            wait = self._timeout or START_TIMEOUT
             torch.distributed.init_process_group(
-                self._get_process_group_backend(), store=store, rank=self.global_rank,
+                self._get_process_group_backend(), rank=self.global_rank,
+                store=store_of_this_start(store, self.global_rank, self.world_size, wait),
                 world_size=self.world_size, timeout=self._timeout,
             )  # fmt: skip
         super().setup_distributed()
@@ -182,27 +185,6 @@ class OmnibertDDPStrategy(DDPStrategy):
             self._launcher = WatchedLauncher(
                 self.cluster_environment, self.num_processes, self.num_nodes
             )
-
-
-def agent_store_of_this_start(timeout: timedelta | None) -> Any:
-    """torchrun's store for the process group of this start of the group, None where torchrun
-    does not share its store with the workers (``TORCHELASTIC_USE_AGENT_STORE``).
-
-    A group torchrun starts again (``--max-restarts``) finds its store as the failed start
-    left it: the process group's keys (each rank's gloo address) are those of the dead
-    processes, and a rank that reads one before its peer rewrote it connects to nothing
-    (torch 2.13 no longer prefixes them per attempt). Every rank counts its own starts in
-    the store, so all ranks of one start agree on the number whatever each node's restart
-    count says, and the group's keys go under that start's prefix."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    dist = torch.distributed
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=timeout or timedelta(seconds=START_TIMEOUT_S),
-    )  # fmt: skip
-    start = store.add(f"omnibert/starts/rank{os.environ.get('RANK', '0')}", 1)
-    return dist.PrefixStore(f"omnibert/start{start}", store)
 
 
 class OpenMPIEnvironment(ClusterEnvironment):

@@ -51,25 +51,32 @@ OPEN_MPI = (
 @dataclass(frozen=True)
 class Launch:
     """How this process was started: the launcher's name, the world size it launched (None:
-    Lightning decides from the config), this process's global and local rank and the
-    processes per node (None where the launcher does not say)."""
+    Lightning decides from the config), this process's global and local rank, the
+    processes per node (None where the launcher does not say) and this process's node."""
 
     name: str
     world_size: int | None
     rank: int
     local_rank: int
     local_world_size: int | None
+    node_rank: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def describe(self, devices: int, num_nodes: int) -> str:
-        """One line: ``torchrun: world size 2, rank 0 (local rank 0 of 2)``."""
+        """One line: ``torchrun: world size 2, rank 0 (local rank 0 of 2)``; on several nodes
+        with this process's node: ``slurm: world size 2, rank 1 (local rank 0 of 1, node 1 of
+        2)``."""
         if self.name == "single process":
             return "single process"
         world = self.world_size or devices * num_nodes
         local = self.local_world_size or devices
-        text = f"{self.name}: world size {world}, rank {self.rank} (local rank {self.local_rank} of {local})"
+        node = f", node {self.node_rank} of {num_nodes}" if num_nodes > 1 else ""
+        text = (
+            f"{self.name}: world size {world}, rank {self.rank} "
+            f"(local rank {self.local_rank} of {local}{node})"
+        )
         if self.name == "lightning" and self.rank == 0 and local > 1:
             text += f"; this process starts the other {local - 1} of this node"
         return text
@@ -93,22 +100,27 @@ def detect_launcher(
         return Launch(
             "slurm", _int(env, "SLURM_NTASKS", 1), _int(env, "SLURM_PROCID"),
             _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NTASKS_PER_NODE", 0) or None,
+            _int(env, "SLURM_NODEID"),
         )  # fmt: skip
     if all(key in env for key in TORCHRUN):
         return Launch(
             "torchrun", _int(env, "WORLD_SIZE", 1), _int(env, "RANK"),
-            _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE", 1),
+            _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE", 1), _int(env, "GROUP_RANK"),
         )  # fmt: skip
     if all(key in env for key in OPEN_MPI):
-        return Launch(
-            "mpirun (Open MPI)", _int(env, "OMPI_COMM_WORLD_SIZE", 1),
-            _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+        rank, per_node = (
+            _int(env, "OMPI_COMM_WORLD_RANK"),
             _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+        )
+        return Launch(
+            "mpirun (Open MPI)", _int(env, "OMPI_COMM_WORLD_SIZE", 1), rank,
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), per_node, rank // max(per_node, 1),
         )  # fmt: skip
     if devices * num_nodes > 1 or "LOCAL_RANK" in env:
-        local = _int(env, "LOCAL_RANK")
-        rank = _int(env, "NODE_RANK") * devices + local
-        return Launch("lightning", devices * num_nodes, rank, local, devices)
+        local, node = _int(env, "LOCAL_RANK"), _int(env, "NODE_RANK")
+        return Launch(
+            "lightning", devices * num_nodes, node * devices + local, local, devices, node
+        )
     return Launch("single process", 1, 0, 0, 1)
 
 

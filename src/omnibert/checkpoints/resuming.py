@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from omnibert.accelerators.elastic import joined_before
 from omnibert.checkpoints.files import saved_step, unreadable_checkpoint
 from omnibert.checkpoints.writing import stale_temporary_files
 from omnibert.compat import lightning_resumes_after_batch_end, load_checkpoint
@@ -42,9 +43,11 @@ RESUME_FILE = "resume.json"
 #: ``ckpt_path=auto``: this run's ``last.ckpt`` when there is one, else a fresh start
 AUTO = "auto"
 
+#: torchrun's restart count of this node's workers
+TORCHRUN_COUNT = "TORCHELASTIC_RESTART_COUNT"
 #: the variables a launcher sets when it starts a run again after a failure, with its name
 RESTART_COUNTS = (
-    ("TORCHELASTIC_RESTART_COUNT", "torchrun restarted the group"),  # torchrun --max-restarts
+    (TORCHRUN_COUNT, "torchrun restarted the group"),  # torchrun --max-restarts
     ("SLURM_RESTART_COUNT", "SLURM requeued the job"),  # a requeue (scontrol requeue, a node)
 )
 
@@ -70,15 +73,24 @@ def auto_resume_reason(ckpt_path: Any, environ: Mapping[str, str] | None = None)
     """Why this run takes ``ckpt_path`` as ``auto`` (the plan prints it), None when it does not:
     ``ckpt_path=auto`` itself, or ``ckpt_path`` unset in a process a launcher started again
     after a failure (:data:`RESTART_COUNTS` > 0): the same command, which must go on from
-    where the failed attempt's last checkpoint left it."""
+    where the failed attempt's last checkpoint left it. Under torchrun's shared store the
+    store says it for every node alike (:func:`~omnibert.accelerators.elastic.joined_before`:
+    the group joined in an earlier start), not this node's restart count: an agent restarted
+    by another node's failure keeps its count at 0."""
+    env = os.environ if environ is None else environ
+    rejoined = joined_before(env)  # read here, before this process joins
     if ckpt_path == AUTO:
         return "ckpt_path=auto"
     if ckpt_path is not None:
         return None
-    env = os.environ if environ is None else environ
     for key, what in RESTART_COUNTS:
         count = env.get(key, "").strip()
-        if count.isdigit() and int(count) > 0:
+        if key == TORCHRUN_COUNT and rejoined is not None:
+            if rejoined and count.isdigit() and int(count) > 0:
+                return f"{what} ({key}={count}), so ckpt_path=auto"
+            if rejoined:
+                return f"{what} after another node's restart ({key}=0 here), so ckpt_path=auto"
+        elif count.isdigit() and int(count) > 0:
             return f"{what} ({key}={count}), so ckpt_path=auto"
     return None
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ProgressBar
 
+from omnibert.accelerators.elastic import MarkJoined
 from omnibert.callbacks.nonfinite import NonFiniteAdvice, NonFiniteSteps
 from omnibert.callbacks.progress import select_progress
 from omnibert.callbacks.requeue import CheckpointOnSignal, submitit_signal
@@ -56,15 +57,18 @@ def build_callbacks(
 ) -> list[Any]:
     """The configured callbacks, then what every run has: the batch counter, the safe stop
     (SIGTERM / SIGINT: checkpoint the last completed step, then stop), the non-finite step
-    policy (``advice``: the keys its stop names), ``extra``, and under a submitit job the
-    checkpoint at its time limit (then a requeue). One way of showing progress: the bar on a
-    terminal, step-counting lines in a log file (:mod:`omnibert.callbacks.progress`)."""
+    policy (``advice``: the keys its stop names), the mark a torchrun group leaves once joined
+    (its restarts resume by it: :mod:`omnibert.accelerators.elastic`), ``extra``, and under a
+    submitit job the checkpoint at its time limit (then a requeue). One way of showing
+    progress: the bar on a terminal, step-counting lines in a log file
+    (:mod:`omnibert.callbacks.progress`)."""
     callbacks = [node.build() for node in config.callbacks]
     trainer = config.trainer
     callbacks += [
         CompletedBatchProgress(),
         StopAtSafePoint(within_s=trainer.stop_within_s),
         NonFiniteSteps(trainer.nonfinite, trainer.nonfinite_max_consecutive, advice),
+        MarkJoined(),
         *extra,
     ]
     if submitit_signal() is not None:
