@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -112,6 +113,11 @@ def machine() -> dict[str, Any]:
         info["torch"] = torch.__version__
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        # a script that measures other processes (bench_attention's omnibert-train runs) never
+        # imports torch itself: those processes run this interpreter's installed one
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            info["torch"] = importlib.metadata.version("torch")
     return info
 
 
