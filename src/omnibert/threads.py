@@ -48,8 +48,8 @@ __all__ = [
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: one core's seconds a loader worker spends per training row: the most of Arrow rows,
-#: online-packed Arrow rows and generated rows, bert-tiny's seq-128 shapes, one thread
-#: (docs/accelerators/cpu.md has each)
+#: online-packed Arrow rows and generated rows, bert-tiny's seq-128 shapes, one thread (an
+#: estimate for sizing the loader, not a recorded measurement: docs/accelerators/cpu.md)
 LOADER_SECONDS_PER_ROW = 80e-6
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 WAIT_POLICIES = ("passive", "active")

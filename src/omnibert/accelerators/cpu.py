@@ -23,8 +23,8 @@ __all__ = ["CPUPlugin", "compile_in_place"]
 
 
 #: ``accelerator.compile=auto`` on a CPU: seconds a cold compile of bert-tiny's training step
-#: takes on 2 cores (a warm inductor cache takes a fraction of it), scaled by layers / 2; the
-#: timing is docs/accelerators/cpu.md's
+#: takes on 2 cores (a warm inductor cache takes a fraction of it), scaled by layers / 2: an
+#: estimate that decides compile=auto, not a recorded measurement
 COMPILE_SECONDS_PER_2_LAYERS = 37.0
 #: ... and compile only where the run is projected to last this many compile times: on a CPU
 #: the compiled step gains nothing on small steps and a little where larger steps fuse
@@ -47,7 +47,7 @@ def compile_pays(run_seconds: float | None, layers: int) -> tuple[bool, str]:
         )
     return False, (
         f"compile=auto; {span}, under {COMPILE_PAYS_AFTER:.0f}x the ~{cost:.0f} s compile, "
-        "which measured gains from 0 to 18 % on a CPU"
+        "too short for what it saves per step on a CPU"
     )
 
 
