@@ -36,6 +36,7 @@ from omnibert.checkpoints.init_from import load_encoder_source
 from omnibert.checkpoints.resume_rules import FINETUNING, RunRecord, RunSettings, plan_resume
 from omnibert.checkpoints.resuming import (
     auto_resume_reason,
+    check_resume_position,
     refuse_a_finished_run,
     refuse_another_run,
     resolve_ckpt_path,
@@ -199,6 +200,8 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
         feats.tensors, inputs.micro_batch_size, config.seed, config.data.num_workers,
         TrimPadding.of(config.data),
     )  # fmt: skip
+    if ckpt_path is not None:  # another micro batch, devices, data or seed: one sentence, now
+        check_resume_position(ckpt_path, datamodule.train_batch_sampler(world_size=world))
     job = FinetuneJob(inputs, vocab, tokenizer, feats.tensors)
     return Prepared(config, plugin, plugin.environment(), plan, datamodule, source, job=job)
 
