@@ -240,7 +240,7 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
 
 
 def test_finetune_of_two_processes_stops_in_one_line_and_speaks_with_one_voice(
-    bert_vocab_file: Path, tmp_path: Path
+    tiny_hf: Path, tmp_path: Path
 ) -> None:
     """Two processes (Lightning's launcher, gloo), SIGTERM to the group while they train: the
     stop line once, last; rank 0 alone prints the plan, the progress and the signal's
@@ -248,16 +248,10 @@ def test_finetune_of_two_processes_stops_in_one_line_and_speaks_with_one_voice(
     neither), and nothing writes a summary."""
     from finetune_data import mrpc_file
 
-    from omnibert.convert import export_hf
-    from omnibert.models import BertConfig, BertForPreTraining
-
-    tiny = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
-    export_hf(BertForPreTraining(tiny), tmp_path / "hf", bert_vocab_file)
     command = [
         str(BIN / "omnibert-finetune"), "task=mrpc",
         f"data.train_file={mrpc_file(tmp_path / 'train.tsv', 64, seed=1)}",
-        f"model.init_from={tmp_path / 'hf'}", "task.epochs=1000", "task.batch_size=8",
+        f"model.init_from={tiny_hf}", "task.epochs=1000", "task.batch_size=8",
         "task.max_seq_length=32", f"paths.output_root={tmp_path / 'ft'}", "logger=none",
         f"hydra.run.dir={tmp_path / 'hydra'}", "accelerator.devices=2",
         "callbacks.progress_log.every_n_steps=1",
