@@ -168,7 +168,7 @@ def exit_on(app: str) -> Iterator[None]:
     stop by SIGTERM or SIGINT (handled inside the block) into ``<app>: stopped by ...`` and
     exit code 128 + the signal number, and a :class:`LostRank` into ``<app>: <message>`` and
     exit code :data:`EXIT_LOST_RANK`."""
-    with handle_stop_signals(app):
+    with handle_stop_signals(app, process_rank):
         try:
             yield
         except UserError as err:

@@ -36,6 +36,10 @@ ending its workers with SIGTERM (``multiprocessing`` at exit) still ends them.
 ``omnibert-prepare``'s workers ignore SIGINT and die quietly of SIGTERM
 (:func:`omnibert.prepare.workers.die_with_parent`).
 
+One voice (:mod:`omnibert.errors`, which tells this module the process's rank): in a run of
+several processes only rank 0 acknowledges a signal; another rank's line that ends its own
+process at once (a second signal, the deadline) names its rank first (``rank 1: ...``).
+
 Standard library only: the apps enter it before torch is imported.
 """
 
@@ -99,22 +103,29 @@ class _State:
         self.safe_point = "the next safe point"  # what the innermost section waits for
         self.previous: dict[int, Any] = {}
         self.watchdog: _Watchdog | None = None  # the innermost bounded section's
+        self.rank: Callable[[], int] = lambda: 0  # this process's rank (handle_stop_signals)
+
+    def say(self, line: str) -> None:
+        """``line`` on stderr, named by the rank on a rank other than 0."""
+        rank = self.rank()
+        _say((f"rank {rank}: " if rank else "") + line + "\n")
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.pid:  # a forked child before it set its own handlers
             return
         name = signal.Signals(signum).name
         if self.signum is not None:  # the second signal: stop now
-            _say(f"{self.app}: second {name}: stopping at once.\n")
+            self.say(f"{self.app}: second {name}: stopping at once.")
             os._exit(128 + signum)
         self.signum = signum
         if self.safe_points:
             if self.watchdog is not None:
                 self.watchdog.start(signum)
-            _say(
-                f"{self.app}: {name} received: stopping at {self.safe_point} (send it again "
-                "to stop at once).\n"
-            )
+            if self.rank() == 0:  # every rank stops at the same place: rank 0 says so
+                _say(
+                    f"{self.app}: {name} received: stopping at {self.safe_point} (send it "
+                    "again to stop at once).\n"
+                )
             return
         raise Stopped(signum, self.context)
 
@@ -158,7 +169,7 @@ class _Watchdog:
         except Exception as err:  # the process ends anyway: say why the line is missing
             line = f"(no stop line: {type(err).__name__}: {err})"
         line = line or f"did not stop within {self.within_s:g} s; stopping at once"
-        _say(f"{self.app}: {line}\n")
+        _STATE.say(f"{self.app}: {line}")
         os._exit(128 + self.signum)
 
 
@@ -187,8 +198,9 @@ def _free(signum: int, handler: Any) -> bool:
 
 
 @contextmanager
-def handle_stop_signals(app: str) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGINT stop ``app`` as the module docstring says."""
+def handle_stop_signals(app: str, rank: Callable[[], int] | None = None) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT stop ``app`` as the module docstring says;
+    ``rank`` gives this process's rank when a line is printed (None: 0)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread can set handlers (a job run by a thread pool)
         return
@@ -196,6 +208,7 @@ def handle_stop_signals(app: str) -> Iterator[None]:
     outer = state.depth == 0
     if outer:
         state.app, state.pid, state.signum, state.context = app, os.getpid(), None, ""
+        state.rank = rank or (lambda: 0)
         for signum in SIGNALS:
             current = signal.getsignal(signum)
             if _free(signum, current):

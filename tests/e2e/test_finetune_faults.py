@@ -2,12 +2,15 @@
 counts its checkpoints against the free space (a checkpoint of the task, head included, within
 10 % of the real file; refused before compute when not one fits); a disk that fills while a
 checkpoint is written stops fine-tuning in one line and loses nothing written before; a stop
-inside a step of several micro-batches drops the partial step and keeps the last completed
-one."""
+inside a step of several micro-batches drops the partial step, keeps the last completed one
+and resumes from its data position to the weights of an uninterrupted run, bitwise."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,13 +35,25 @@ def _finetune(tmp_path: Path, tiny_hf: Path, train: Path, *extra: str):
     ])  # fmt: skip
 
 
-def test_the_plan_counts_a_checkpoint_within_ten_percent(tmp_path, tiny_hf, mrpc_train, capsys):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_hf) -> tuple[Path, dict[str, Any], str]:
+    """A whole run of 6 steps of 4 micro-batches (48 rows, task.batch_size=8,
+    micro_batch_size=2): its training file, summary and printed lines."""
     from omnibert.apps import finetune
 
-    summary = finetune.run(_finetune(tmp_path, tiny_hf, mrpc_train))
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    train = mrpc_file(tmp / "train.tsv", 48, seed=1)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        summary = finetune.run_or_exit(_finetune(tmp, tiny_hf, train, "micro_batch_size=2"))
+    assert summary["steps"] == 6
+    return train, summary, out.getvalue()
+
+
+def test_the_plan_counts_a_checkpoint_within_ten_percent(uninterrupted):
+    _, summary, out = uninterrupted
     space = summary["plan"]["checkpoint_space"]
     line = next(
-        line for line in capsys.readouterr().out.splitlines()
+        line for line in out.splitlines()
         if line.startswith("omnibert-finetune: checkpoint space: about ")
     )  # fmt: skip
     assert space["description"] in line
@@ -101,18 +116,23 @@ def test_a_disk_that_fills_stops_fine_tuning_in_one_line_and_it_resumes(
     assert torch.load(folder / "final.ckpt", weights_only=True)["global_step"] == 6
 
 
-def test_a_stop_inside_a_step_keeps_the_last_completed_step(tmp_path, tiny_hf, capsys):
+def test_a_stop_inside_a_step_keeps_the_last_completed_step_and_resumes_bitwise(
+    tmp_path, tiny_hf, uninterrupted, capsys
+):
     """SIGTERM at micro-batch 2 of 4 of step 3 (task.batch_size=8, micro_batch_size=2): one
     line, exit code 143, the partial step dropped and ``last.ckpt`` of step 2 written, no
-    traceback; ``ckpt_path=last`` goes on from it to the end (not from the interrupted run's
-    data position: fine-tuning's loader is not resumable yet, docs/faults.md)."""
+    traceback; a resume with another micro batch is refused in one sentence (the position
+    counts micro-batches); ``ckpt_path=last`` goes on from step 2's data position, with
+    dropout, to the weights of an uninterrupted run, bit for bit. The interrupted and resumed runs read with
+    a loader worker, the uninterrupted one without: the order is the sampler's alone."""
     from omnibert.apps import finetune
 
-    train = mrpc_file(tmp_path / "train.tsv", 48, seed=1)  # 6 steps of 4 micro-batches
+    train, whole, _ = uninterrupted  # 6 steps of 4 micro-batches
+    micro = ["micro_batch_size=2", "data.num_workers=1"]
     term = ["+callbacks.term._target_=faults.SignalAtMicroBatch", "+callbacks.term.step=3",
             "+callbacks.term.micro_batch=2"]  # fmt: skip
     with pytest.raises(SystemExit) as stopped:
-        finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, "micro_batch_size=2", *term))
+        finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, *micro, *term))
     assert stopped.value.code == 143
     captured = capsys.readouterr()
     lines = (captured.out + captured.err).strip().splitlines()
@@ -124,7 +144,20 @@ def test_a_stop_inside_a_step_keeps_the_last_completed_step(tmp_path, tiny_hf, c
     folder = tmp_path / "runs" / "mrpc-seed42" / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 2
-    summary = finetune.run_or_exit(
-        _finetune(tmp_path, tiny_hf, train, "micro_batch_size=2", "ckpt_path=last")
+    with pytest.raises(SystemExit) as refused:  # its data position counts micro-batches of 2
+        finetune.run_or_exit(
+            _finetune(tmp_path, tiny_hf, train, "micro_batch_size=4", "ckpt_path=last")
+        )
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "omnibert-finetune: error: the checkpoint's data sampler was saved with batch_size=2 "
+        "(now 4), so its position means nothing here; resume with the same data, "
+        "micro_batch_size (task.batch_size / devices when null), accelerator.devices and seed, "
+        "or start a fresh run."
     )
+    summary = finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, *micro, "ckpt_path=last"))
     assert summary["steps"] == 6 and summary["plan"]["ckpt_path"] == str(folder / "last.ckpt")
+    want = torch.load(whole["checkpoint"], weights_only=True)["state_dict"]
+    got = torch.load(summary["checkpoint"], weights_only=True)["state_dict"]
+    assert want.keys() == got.keys()
+    assert [name for name, value in want.items() if not torch.equal(got[name], value)] == []

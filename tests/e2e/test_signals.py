@@ -239,32 +239,42 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     _no_traceback(lines)
 
 
-def test_finetune_stops_in_one_line(bert_vocab_file: Path, tmp_path: Path) -> None:
+def test_finetune_of_two_processes_stops_in_one_line_and_speaks_with_one_voice(
+    tiny_hf: Path, tmp_path: Path
+) -> None:
+    """Two processes (Lightning's launcher, gloo), SIGTERM to the group while they train: the
+    stop line once, last; rank 0 alone prints the plan, the progress and the signal's
+    acknowledgement (one voice), rank 1 prints nothing (Lightning's lines on its behalf
+    neither), and nothing writes a summary."""
     from finetune_data import mrpc_file
 
-    from omnibert.convert import export_hf
-    from omnibert.models import BertConfig, BertForPreTraining
-
-    tiny = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
-    export_hf(BertForPreTraining(tiny), tmp_path / "hf", bert_vocab_file)
     command = [
         str(BIN / "omnibert-finetune"), "task=mrpc",
         f"data.train_file={mrpc_file(tmp_path / 'train.tsv', 64, seed=1)}",
-        f"model.init_from={tmp_path / 'hf'}", "task.epochs=1000", "task.batch_size=8",
+        f"model.init_from={tiny_hf}", "task.epochs=1000", "task.batch_size=8",
         "task.max_seq_length=32", f"paths.output_root={tmp_path / 'ft'}", "logger=none",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
+        f"hydra.run.dir={tmp_path / 'hydra'}", "accelerator.devices=2",
+        "callbacks.progress_log.every_n_steps=1",
     ]  # fmt: skip
-    with started(command, tmp_path, "finetune") as run:
-        run.wait_for(r"omnibert-finetune: new \(freshly initialised\) keys")
+    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    with started(command, tmp_path, "finetune", env=env) as run:
+        run.wait_for(r"omnibert-finetune: step 2/")  # both ranks train
         run.signal(signal.SIGTERM, group=True)
         code, lines = run.finish()
-    assert code == 128 + signal.SIGTERM, "\n".join(lines)
+    text = "\n".join(lines)
+    assert code == 128 + signal.SIGTERM, text
+    stops = [line for line in lines if "stopped by" in line]
+    assert len(stops) == 1 and stops[0] == lines[-1], text
     assert re.fullmatch(
-        r"omnibert-finetune: stopped by SIGTERM( at step \d+; resume with ckpt_path=last| "
-        r"before fine-tuning started)",
+        r"omnibert-finetune: stopped by SIGTERM (at step \d+|in step \d+ \(micro-batch 1 of 2; the "
+        r"partial step is dropped; the checkpoint is of step \d+\)); resume with ckpt_path=last",
         lines[-1],
-    ), "\n".join(lines)
+    ), text
+    for first in ("omnibert-finetune: mrpc from", "omnibert-finetune: kernels: ",
+                  "omnibert-finetune: new (freshly initialised) keys", "omnibert-finetune: step 1/",
+                  "omnibert-finetune: SIGTERM received: stopping"):  # fmt: skip
+        assert sum(line.startswith(first) for line in lines) == 1, (first, text)
+    assert not [line for line in lines if line.startswith("rank 1:") or "RANK: 1" in line], text
     _no_traceback(lines)
     assert not list((tmp_path / "ft").rglob("summary.json"))
 

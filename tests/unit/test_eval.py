@@ -142,3 +142,44 @@ def test_a_tf1_checkpoint_scores_what_its_hugging_face_export_scores(tmp_path):
     for key in ("mlm_accuracy", "nsp_accuracy", "samples", "masked_tokens"):
         assert exported[key] == direct[key], key
     assert exported["loss"] == pytest.approx(direct["loss"], rel=1e-5)
+
+
+def test_another_rank_of_the_tools_prints_and_writes_nothing(
+    trained, tmp_path, monkeypatch, capsys
+):
+    """One voice: rank 1 of a two-process omnibert-eval evaluates (its share, in a real launch)
+    but prints no report and writes neither eval.json nor ``out``; omnibert-export and
+    omnibert-predict, whose work is not split, end at once on rank 1, writing nothing. (The
+    launch says rank 1; the Trainer here is one process, which the report does not depend on,
+    and prints the progress lines as its own rank 0: a real rank 1's Trainer does not.)"""
+    import logging
+    import warnings
+
+    from omnibert.accelerators.launchers import Launch
+    from omnibert.apps import predict as predict_app
+    from omnibert.errors import _ErrorsOnly, set_process_rank
+    from omnibert.run.tools import evaluation
+
+    second = Launch("torchrun", 2, 1, 1, 2)
+    monkeypatch.setattr(evaluation, "check_launch_layout", lambda *args: second)
+    out = tmp_path / "report.json"
+    try:
+        with warnings.catch_warnings():  # quiet_other_ranks drops rank 1's warnings
+            report = _eval(trained, f"ckpt={trained['ckpt']}", f"out={out}", out=tmp_path / "run")
+            exported = export_app.run(compose("export", [f"ckpt={trained['ckpt']}",
+                                                         f"out={tmp_path / 'hf'}"]))  # fmt: skip
+            command = compose("predict", [f"ckpt={trained['hf']}", f"out={tmp_path / 'p.jsonl'}"])
+            texts = {"text": "the [MASK] is here"}  # as main() takes them from the command line
+            predicted = predict_app.run(predict_app.with_texts(command, texts))
+    finally:
+        set_process_rank(None)
+        for handler in logging.getLogger().handlers:  # rank 1's log filter, off again
+            for f in [f for f in handler.filters if isinstance(f, _ErrorsOnly)]:
+                handler.removeFilter(f)
+    assert report["samples"] == trained["summary"]["validation"]["val/samples"]
+    assert exported is None and predicted == {}
+    captured = capsys.readouterr()  # only the one-process Trainer's own progress lines
+    assert [line for line in captured.out.splitlines() if "validation" not in line
+            and not line.startswith("omnibert-eval: evaluating ")] == [], captured.out  # fmt: skip
+    assert captured.err == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -155,3 +155,29 @@ def test_build_loader_uses_torchdata_where_it_is_installed_under_lightning_2_5(m
     monkeypatch.setattr(loaders, "lightning_resumes_after_batch_end", lambda: False)
     train = build_loader(Rows(), _collate, _sampler(), num_workers=0, seed=1)
     assert type(train) is SamplerStateDataLoader
+
+
+def test_fine_tunings_loader_saves_its_position_and_ends_its_epoch_where_lightning_does() -> None:
+    """omnibert-finetune's training loader is the stateful one over its torch-order sampler: a
+    loader restored from another's state yields exactly the rest of the epoch (short last batch
+    included); ``limit_train_batches`` ends the sampler's epoch where Lightning ends its own."""
+    from types import SimpleNamespace
+
+    from omnibert.data.finetuning import FineTuneDataModule, lightning_epoch_cap
+
+    def module() -> FineTuneDataModule:
+        return FineTuneDataModule({"idx": torch.arange(10)}, 3, seed=7)
+
+    loader = module().train_dataloader()
+    assert type(loader) is stateful_dataloader_class()
+    whole = [b["idx"].tolist() for b in loader]
+    assert [len(b) for b in whole] == [3, 3, 3, 1]
+    stream = iter(loader)
+    next(stream), next(stream)
+    restored = module().train_dataloader()
+    restored.load_state_dict(loader.state_dict())
+    assert [b["idx"].tolist() for b in restored] == [  # the rest of epoch 1
+        b["idx"].tolist() for b in itertools.islice(stream, 2)
+    ]
+    for limit, cap in ((2, 2), (0.5, 2), (1.0, None), (20, None), (0.01, None)):
+        assert lightning_epoch_cap(SimpleNamespace(limit_train_batches=limit), 4) == cap, limit

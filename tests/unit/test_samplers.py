@@ -1,12 +1,20 @@
-"""ResumableBatchSampler / EvalBatchSampler: determinism, rank shares, exact resume."""
+"""ResumableBatchSampler / TorchOrderBatchSampler / EvalBatchSampler: determinism, rank
+shares, exact resume; fine-tuning's sampler gives the order of torch's own samplers."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from omnibert.data.samplers import EvalBatchSampler, ResumableBatchSampler, SamplerStateError
+from omnibert.data.samplers import (
+    EvalBatchSampler,
+    ResumableBatchSampler,
+    SamplerStateError,
+    TorchOrderBatchSampler,
+)
 
 
 def epochs(sampler: ResumableBatchSampler, count: int) -> list[list[list[int]]]:
@@ -68,12 +76,18 @@ def test_set_epoch_jumps_and_keeps_a_resumed_position() -> None:
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
-def test_resume_at_every_point_gives_exactly_the_next_batch(replicas: int) -> None:
-    def make(rank: int) -> ResumableBatchSampler:
-        return ResumableBatchSampler(50, 4, seed=5, num_replicas=replicas, rank=rank)
+@pytest.mark.parametrize("kind", [ResumableBatchSampler, TorchOrderBatchSampler])
+def test_resume_at_every_point_gives_exactly_the_next_batch(kind: type, replicas: int) -> None:
+    """Every position, across epoch boundaries; a state fits every rank (Lightning hands rank
+    0's loader state to all): epoch and position are shared, the rank's split is its own."""
 
+    def make(rank: int) -> ResumableBatchSampler:
+        sampler: ResumableBatchSampler = kind(50, 4, seed=5, num_replicas=replicas, rank=rank)
+        return sampler
+
+    full_of = [list(itertools.chain.from_iterable(epochs(make(r), 3))) for r in range(replicas)]
     for rank in range(replicas):
-        full = list(itertools.chain.from_iterable(epochs(make(rank), 3)))
+        full = full_of[rank]
         per_epoch = len(make(rank))
         for k in range(len(full)):  # every point, across both epoch boundaries
             sampler = make(rank)
@@ -86,6 +100,9 @@ def test_resume_at_every_point_gives_exactly_the_next_batch(replicas: int) -> No
             restored.load_state_dict(state)
             rest = list(itertools.chain.from_iterable(iter(restored) for _ in range(4)))
             assert rest[: len(full) - k] == full[k:], f"rank {rank}, resumed after {k} batches"
+            last = make(replicas - 1)  # rank 0's state on another rank: that rank's own rest
+            last.load_state_dict({**state, "rank": 0})
+            assert next(iter(last), None) == (full_of[replicas - 1] + [None])[k], (rank, k)
 
 
 def test_mismatched_state_is_refused() -> None:
@@ -100,6 +117,49 @@ def test_mismatched_state_is_refused() -> None:
         n, b = args.pop("num_samples"), args.pop("batch_size")
         with pytest.raises(SamplerStateError, match=rf"saved with {word} .*resume with the same"):
             ResumableBatchSampler(n, b, **args).load_state_dict(state)
+
+
+def torch_batches(sampler: torch.utils.data.Sampler, batch: int) -> list[list[int]]:
+    """One pass of a plain DataLoader over ``sampler`` (what fine-tuning used before)."""
+    rows = torch.arange(1000)
+    return [b.tolist() for b in DataLoader(rows, batch_size=batch, sampler=sampler)]
+
+
+@pytest.mark.parametrize(("n", "batch"), [(10, 3), (12, 3), (1, 4)])
+def test_one_process_order_is_random_samplers(n: int, batch: int) -> None:
+    """Three epochs of one seeded ``RandomSampler`` (one generator drawing on)."""
+    generator = torch.Generator().manual_seed(7)
+    reference = RandomSampler(range(n), generator=generator)
+    want = [torch_batches(reference, batch) for _ in range(3)]
+    got = epochs(TorchOrderBatchSampler(n, batch, seed=7), 3)
+    assert got == want and len(TorchOrderBatchSampler(n, batch, seed=7)) == len(want[0])
+    assert got[0] != got[1] or n == 1
+    jumped = TorchOrderBatchSampler(n, batch, seed=7)  # epoch 2 without epochs 0 and 1
+    jumped.set_epoch(2)
+    assert list(jumped) == want[2]
+
+
+@pytest.mark.parametrize(("n", "replicas", "batch"), [(10, 3, 2), (12, 2, 3), (2, 5, 1)])
+def test_ranks_order_is_distributed_samplers(n: int, replicas: int, batch: int) -> None:
+    """Each rank's batches of epochs 0..2 are ``DistributedSampler``'s with ``set_epoch``:
+    padded with the start of the permutation, the same batch count on every rank."""
+    for rank in range(replicas):
+        reference = DistributedSampler(range(n), num_replicas=replicas, rank=rank, seed=7)
+        want = []
+        for epoch in range(3):
+            reference.set_epoch(epoch)
+            want.append(torch_batches(reference, batch))
+        sampler = TorchOrderBatchSampler(n, batch, seed=7, num_replicas=replicas, rank=rank)
+        assert epochs(sampler, 3) == want, rank
+        assert len(sampler) == len(want[0]) == -(-n // (replicas * batch))
+
+
+def test_torch_order_refuses_another_runs_state_naming_finetunings_keys() -> None:
+    state = TorchOrderBatchSampler(50, 4, seed=5, num_replicas=2).state_dict()
+    with pytest.raises(SamplerStateError, match=r"saved with num_replicas=2 \(now 1\), .*resume "
+                       r"with the same data, micro_batch_size \(task.batch_size / devices when "
+                       r"null\), accelerator.devices and seed, or start a fresh run\.$"):  # fmt: skip
+        TorchOrderBatchSampler(50, 4, seed=5).load_state_dict(state)
 
 
 def test_eval_sampler_covers_each_row_once_with_equal_batch_counts() -> None:

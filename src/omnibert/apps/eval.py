@@ -1,6 +1,7 @@
 """``omnibert-eval``: masked-LM (and, with that head, next-sentence) accuracy of any checkpoint on a prepared eval
 set (``conf/eval.yaml``). Wiring only: :func:`omnibert.run.tools.evaluation.evaluate_pretrained`,
-then print and write the report."""
+then print and write the report (rank 0 alone, when several processes evaluate:
+:func:`omnibert.errors.is_rank_zero`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
 from omnibert.config import TrainConfigError
 from omnibert.config.tools import EvalConfig
-from omnibert.errors import exit_on
+from omnibert.errors import exit_on, is_rank_zero
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 
 register()
@@ -28,7 +29,9 @@ def run(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, Any]:
     config = EvalConfig.of(cfg, TrainConfigError)  # every range, before torch is imported
     from omnibert.run.tools.evaluation import evaluate_pretrained
 
-    report = evaluate_pretrained(config, output_dir)
+    report = evaluate_pretrained(config, output_dir)  # this process's rank is known now
+    if not is_rank_zero():  # one voice: rank 0 prints and writes the report
+        return report
     paths = [] if output_dir is None else [output_dir / "eval.json"]
     if config.out:
         paths.append(Path(config.out))

@@ -29,7 +29,7 @@ from omnibert.config.recorded import RecordedTraining
 from omnibert.convert.hf import ConversionError
 from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
 from omnibert.convert.tf1_bundle import is_tf1_checkpoint
-from omnibert.errors import exit_on
+from omnibert.errors import exit_on, is_rank_zero
 from omnibert.finetune.tokenizer import vocab_is_uncased
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
 from omnibert.run.tools.exporting import Pretrained, checked_vocab, export_pretrained
@@ -142,6 +142,11 @@ def _export_finetuned(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig) -> None:
+    """Export as configured. Started as several processes (``torchrun``, ``srun``), rank 0
+    exports and the others return at once, saying nothing: one export, one voice
+    (:func:`omnibert.errors.is_rank_zero`)."""
+    if not is_rank_zero():
+        return
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConversionError(

@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from omnibert.apps.compose import CONFIG_MODULE, CONFIG_PATH, group_options, register
 from omnibert.apps.preflight import preflight
 from omnibert.config.tools import PredictConfig
-from omnibert.errors import exit_on
+from omnibert.errors import exit_on, is_rank_zero
 from omnibert.finetune.tokenizer import FineTuneInputError
 from omnibert.paths import check_writable_file, hydra_output_discarded_when_refused
 from omnibert.run.tools.predicting import STDIN
@@ -71,7 +71,11 @@ def with_texts(cfg: DictConfig, texts: dict[str, str]) -> DictConfig:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Predict as configured; returns the record for one input, or ``{"predictions", "out",
-    ...metrics}`` for a file."""
+    ...metrics}`` for a file. Started as several processes (``torchrun``, ``srun``), rank 0
+    does it all and the others return ``{}`` at once, saying nothing: the work is not split
+    between processes (one voice: :func:`omnibert.errors.is_rank_zero`)."""
+    if not is_rank_zero():
+        return {}
     config = PredictConfig.of(cfg, FineTuneInputError)
     from_stdin = config.input_file == STDIN
     if config.input_file and not config.out and not from_stdin:

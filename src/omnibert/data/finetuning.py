@@ -1,10 +1,14 @@
-"""The fine-tuning data module: training features (tensors of equal length) in a DataLoader
-whose order the run's seed fixes, each batch cut to its longest row by the run's collate
-(:class:`omnibert.finetune.batching.TrimPadding`, ``data.padding``).
+"""The fine-tuning data module: training features (tensors of equal length) in a loader whose
+order the run's seed fixes and whose position checkpoints keep, each batch cut to its longest
+row by the run's collate (:class:`omnibert.finetune.batching.TrimPadding`, ``data.padding``).
 
 Like the pretraining data module it shards per rank itself (the trainer config's
-``use_distributed_sampler: false`` holds for both): one process shuffles with a seeded
-generator, several take a ``DistributedSampler`` (seeded, reshuffled every epoch).
+``use_distributed_sampler: false`` holds for both), and its loader is pretraining's
+(:func:`omnibert.data.loaders.build_loader`: torchdata's ``StatefulDataLoader``, named worker
+deaths): Lightning saves the position of the batches handed out, so a run stopped inside an
+epoch resumes with the very next batch. The order is the one torch's ``RandomSampler`` (one
+process) or ``DistributedSampler`` (several, reshuffled every epoch) gives
+(:class:`~omnibert.data.samplers.TorchOrderBatchSampler`), the short last batch kept.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader
 
-from omnibert.data.loader_workers import init_worker
+from omnibert.data.loaders import build_loader
+from omnibert.data.samplers import TorchOrderBatchSampler
 
-__all__ = ["DictDataset", "FineTuneDataModule"]
+__all__ = ["DictDataset", "FineTuneDataModule", "lightning_epoch_cap"]
 
 
 class DictDataset(torch.utils.data.Dataset):
@@ -33,6 +38,16 @@ class DictDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {k: v[index] for k, v in self.tensors.items()}
+
+
+def lightning_epoch_cap(trainer: pl.Trainer | None, batches: int) -> int | None:
+    """The micro-batches Lightning takes of an epoch of ``batches`` under
+    ``trainer.limit_train_batches`` (as Lightning counts them), None when it takes them all:
+    the sampler's epoch must end where Lightning's does, or the next epoch would begin again
+    at the start of the cut one (its iterator begins where the last whole epoch ended)."""
+    limit = 1.0 if trainer is None else trainer.limit_train_batches
+    taken = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+    return taken if 0 < taken < batches else None
 
 
 class FineTuneDataModule(pl.LightningDataModule):
@@ -53,30 +68,26 @@ class FineTuneDataModule(pl.LightningDataModule):
         self.seed = seed
         self.num_workers = num_workers
 
-    def train_dataloader(self) -> DataLoader[Any]:
+    def train_batch_sampler(
+        self, world_size: int | None = None, rank: int | None = None
+    ) -> TorchOrderBatchSampler:
+        """This rank's training sampler (``world_size``/``rank``: before the Trainer sets
+        them, e.g. to check a checkpoint's position against it)."""
         trainer = self.trainer
-        world = trainer.world_size if trainer is not None else 1
-        sampler: Any
-        if world > 1:
-            sampler = DistributedSampler(
-                self.dataset,
-                num_replicas=world,
-                rank=trainer.global_rank if trainer is not None else 0,
-                shuffle=True,
-                seed=self.seed,
-            )
-            if trainer is not None:
-                sampler.set_epoch(trainer.current_epoch)
-        else:
-            generator = torch.Generator().manual_seed(self.seed)
-            sampler = RandomSampler(self.dataset, generator=generator)
-        return DataLoader(
-            self.dataset,
-            batch_size=self.micro_batch_size,
-            sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=self.collate,
-            # a signal to the process group stops the run at its step, not a worker under it;
-            # a worker that dies is named (omnibert.data.loader_workers)
-            worker_init_fn=init_worker("training") if self.num_workers else None,
+        if world_size is None:
+            world_size = trainer.world_size if trainer is not None else 1
+        if rank is None:
+            rank = trainer.global_rank if trainer is not None else 0
+        return TorchOrderBatchSampler(
+            len(self.dataset), self.micro_batch_size, seed=self.seed, num_replicas=world_size,
+            rank=rank,
+        )  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        sampler = self.train_batch_sampler()
+        sampler.batches_per_epoch = lightning_epoch_cap(self.trainer, len(sampler))
+        if self.trainer is not None:  # the epoch a checkpoint without a loader state resumes
+            sampler.set_epoch(self.trainer.current_epoch)
+        return build_loader(
+            self.dataset, self.collate, sampler, num_workers=self.num_workers, seed=self.seed
         )

@@ -9,6 +9,10 @@ inside a ``StatefulDataLoader`` whose worker processes are fed ahead of consumpt
 loader snapshots the sampler state for each batch it dispatches). After the last batch of
 an epoch the next iteration starts epoch + 1 by itself; ``set_epoch`` jumps to an epoch.
 
+:class:`TorchOrderBatchSampler` is fine-tuning's: the same position, state and resume, over
+the order torch's own samplers give a plain ``DataLoader`` (``RandomSampler`` on one process,
+``DistributedSampler`` on several), short last batch kept.
+
 :class:`EvalBatchSampler` walks a rank's contiguous share of the eval set in order; every
 rank runs the same number of batches (a rank with fewer rows gets short or empty batches,
 which the evaluation collator pads with zero-weight rows).
@@ -20,10 +24,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
 from omnibert.errors import UserError
 
-__all__ = ["EvalBatchSampler", "ResumableBatchSampler", "SamplerStateError"]
+__all__ = [
+    "EvalBatchSampler",
+    "ResumableBatchSampler",
+    "SamplerStateError",
+    "TorchOrderBatchSampler",
+]
 
 
 class SamplerStateError(UserError):
@@ -161,16 +171,83 @@ class ResumableBatchSampler:
             "batches_per_epoch": self.batches_per_epoch,
         }
 
+    #: the keys a resumed run must keep, in the sentence that refuses another value
+    same_keys = (
+        "data, micro_batch_size (derived from phase.global_batch_size when null), "
+        "accelerator.devices and seed"
+    )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         keys = ("num_samples", "batch_size", "num_replicas", "seed", "shuffle", "drop_last")
-        same = (
-            "data, micro_batch_size (derived from phase.global_batch_size when null), "
-            "accelerator.devices and seed"
-        )
-        check_saved_state(self, state, keys, "data sampler", same)
+        check_saved_state(self, state, keys, "data sampler", self.same_keys)
         self.epoch = int(state["epoch"])
         self._position = int(state["position"])
         self._start = (self.epoch, self._position)
+
+
+class TorchOrderBatchSampler(ResumableBatchSampler):
+    """Fine-tuning's training batches, in the order a plain ``DataLoader`` over torch's own
+    samplers gives them (what fine-tuning used before its position was saved), resumable as
+    :class:`ResumableBatchSampler` is (same state, same iterator rules); the short last
+    batch of a rank's share is kept.
+
+    * One process: the permutations of ``RandomSampler`` with one generator seeded with
+      ``seed``. It draws a permutation when a pass starts and another, unused, when the pass
+      runs out (``randperm(n)[:0]``), so epoch ``e`` is the permutation drawn after ``2e``.
+    * Several: ``DistributedSampler(shuffle=True, drop_last=False)``: epoch ``e`` is
+      ``randperm(n)`` of a generator seeded with ``seed + e``, padded with its own start to a
+      multiple of ``num_replicas``; rank ``r`` takes every ``num_replicas``-th index from ``r``
+      (``ceil(n / num_replicas)`` each).
+    """
+
+    same_keys = (
+        "data, micro_batch_size (task.batch_size / devices when null), accelerator.devices and seed"
+    )
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        seed: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        batches_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_samples, batch_size, shuffle=True, seed=seed, drop_last=False,
+            num_replicas=num_replicas, rank=rank, batches_per_epoch=batches_per_epoch,
+        )  # fmt: skip
+        # one process: (epoch, the generator's state at that epoch's permutation), so that
+        # the next epoch draws on from there instead of from the seed
+        self._stream: tuple[int, torch.Tensor] | None = None
+
+    @property
+    def samples_per_rank(self) -> int:
+        return -(-self.num_samples // self.num_replicas)
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        n = self.num_samples
+        if self.num_replicas == 1:
+            return self._single_process_order(epoch)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        total = self.samples_per_rank * self.num_replicas
+        if n:  # padded with its own start (repeated while shorter than the padding)
+            order = order.repeat(-(-total // n))[:total]
+        return order[self.rank :: self.num_replicas].numpy()
+
+    def _single_process_order(self, epoch: int) -> np.ndarray:
+        generator = torch.Generator()
+        reached = 0
+        if self._stream is not None and self._stream[0] <= epoch:
+            reached = self._stream[0]
+            generator.set_state(self._stream[1])
+        else:
+            generator.manual_seed(self.seed)
+        for _ in range(2 * (epoch - reached)):  # each earlier pass: its own and the unused one
+            torch.randperm(self.num_samples, generator=generator)
+        self._stream = (epoch, generator.get_state())
+        return torch.randperm(self.num_samples, generator=generator).numpy()
 
 
 class EvalBatchSampler:

@@ -9,6 +9,10 @@ configured settings back (a new learning rate, a schedule re-planned over a new
 ``phase.max_steps``: the same schedule function, built with this run's settings, evaluated
 from the resumed step on). What may change on resume, and what is refused before compute:
 :mod:`omnibert.checkpoints.resume_rules`.
+
+Every rank's RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint, and
+each rank draws dropout from a stream of its own, so that dropout continues identically after
+a resume, in pretraining and fine-tuning alike (:mod:`omnibert.tasks.rng_states`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omnibert.optim.build import build_optimizer, build_schedule
 from omnibert.optim.nonfinite import skipped
 from omnibert.optim.sharding import attach_shard_group
+from omnibert.tasks.rng_states import (
+    RANKS_KEY,
+    RNG_KEY,
+    collect_rng_states,
+    restore_rng_states,
+    seed_rank_streams,
+    states_for_rank,
+    states_of_every_rank,
+)
 
 __all__ = ["TrainingTask", "UpdateRule", "plain"]
 
@@ -185,3 +198,25 @@ class TrainingTask(pl.LightningModule):
         for group, lr in zip(groups, values, strict=True):
             group["lr"] = lr
         scheduler._last_lr = values
+
+    # ------------------------------------------------------------------ RNG states
+    def setup(self, stage: str) -> None:
+        """Training: ranks 1 … N-1 move to random streams of their own (their own dropout
+        masks), before a resume restores each rank's (Lightning restores after ``setup``);
+        torch's initial seed is the run's ``seed``, which Lightning set again on this rank."""
+        if stage == "fit":
+            seed_rank_streams(torch.initial_seed(), self.trainer.global_rank)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = collect_rng_states()
+        checkpoint[RNG_KEY] = states  # rank 0's in the file (what older omnibert reads)
+        every = states_of_every_rank(states)  # a collective: every rank builds the checkpoint
+        if len(every) > 1:
+            checkpoint[RANKS_KEY] = every
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # only when a Trainer resumes: load_from_checkpoint must not reseed the caller's RNGs
+        if self._trainer is not None:
+            states = states_for_rank(checkpoint, self.trainer.global_rank)
+            if states is not None:
+                restore_rng_states(states)

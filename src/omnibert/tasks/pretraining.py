@@ -27,9 +27,8 @@ objective of RoBERTa, MosaicBERT and ModernBERT) returns ``nsp_count`` 0 and
 and ``val/loss`` is the masked-LM loss. Which metrics exist is decided once, from the model's
 config (:func:`~omnibert.config.sections.next_sentence_objective`), never inside ``forward``.
 
-Every rank's RNG states (torch, CUDA, numpy, Python ``random``) travel in the checkpoint, and
-each rank draws dropout from a stream of its own, so that dropout continues identically after
-a resume (:mod:`omnibert.tasks.rng_states`).
+Every rank's RNG states travel in the checkpoint and each rank draws dropout from a stream of
+its own (:class:`~omnibert.tasks.base.TrainingTask`, for every task).
 """
 
 from __future__ import annotations
@@ -51,15 +50,6 @@ from omnibert.models.bert import OUTPUT_KEYS
 from omnibert.optim.accumulation import MicroBatchClipper
 from omnibert.optim.lamb_math import global_grad_norm
 from omnibert.tasks.base import TrainingTask, UpdateRule, plain
-from omnibert.tasks.rng_states import (
-    RANKS_KEY,
-    RNG_KEY,
-    collect_rng_states,
-    restore_rng_states,
-    seed_rank_streams,
-    states_for_rank,
-    states_of_every_rank,
-)
 from omnibert.tokenization.vocab import sha256_file
 
 log = logging.getLogger(__name__)
@@ -320,25 +310,3 @@ class PretrainingTask(TrainingTask):
                 float(clip),
                 grads_prescaled_by=self.trainer.accumulate_grad_batches,
             )
-
-    # ------------------------------------------------------------------ checkpoints
-    def setup(self, stage: str) -> None:
-        """Training: ranks 1 … N-1 move to random streams of their own (their own dropout
-        masks), before a resume restores each rank's (Lightning restores after ``setup``);
-        torch's initial seed is the run's ``seed``, which Lightning set again on this rank."""
-        if stage == "fit":
-            seed_rank_streams(torch.initial_seed(), self.trainer.global_rank)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        states = collect_rng_states()
-        checkpoint[RNG_KEY] = states  # rank 0's in the file (what older omnibert reads)
-        every = states_of_every_rank(states)  # a collective: every rank builds the checkpoint
-        if len(every) > 1:
-            checkpoint[RANKS_KEY] = every
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # only when a Trainer resumes: load_from_checkpoint must not reseed the caller's RNGs
-        if self._trainer is not None:
-            states = states_for_rank(checkpoint, self.trainer.global_rank)
-            if states is not None:
-                restore_rng_states(states)

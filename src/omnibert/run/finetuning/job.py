@@ -36,6 +36,7 @@ from omnibert.checkpoints.init_from import load_encoder_source
 from omnibert.checkpoints.resume_rules import FINETUNING, RunRecord, RunSettings, plan_resume
 from omnibert.checkpoints.resuming import (
     auto_resume_reason,
+    check_resume_position,
     refuse_a_finished_run,
     refuse_another_run,
     resolve_ckpt_path,
@@ -45,6 +46,7 @@ from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.config.finetune import Recipe
 from omnibert.data.finetuning import FineTuneDataModule
+from omnibert.errors import is_rank_zero, quiet_other_ranks, set_process_rank
 from omnibert.finetune.batching import TrimPadding
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
 from omnibert.reporting import write_curves
@@ -121,7 +123,8 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
     config, recipe = inputs.config, inputs.recipe
     check_target_types(config.target_nodes(), config.composition.origins)
     plugin = build_plugin(config.accelerator.node.plain())
-    check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    launch = check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    set_process_rank(launch.rank)  # who speaks for the run (omnibert.errors.is_rank_zero)
     precision, why = plugin.resolve_precision(config.trainer.precision)
     torchao = check_float8(plugin, config.trainer.fp8.emulate) if precision == FP8 else None
     plugin.check_precision(lightning_precision(precision))
@@ -199,6 +202,8 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
         feats.tensors, inputs.micro_batch_size, config.seed, config.data.num_workers,
         TrimPadding.of(config.data),
     )  # fmt: skip
+    if ckpt_path is not None:  # another micro batch, devices, data or seed: one sentence, now
+        check_resume_position(ckpt_path, datamodule.train_batch_sampler(world_size=world))
     job = FinetuneJob(inputs, vocab, tokenizer, feats.tensors)
     return Prepared(config, plugin, plugin.environment(), plan, datamodule, source, job=job)
 
@@ -240,8 +245,8 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     seed_everything(config.seed, workers=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab_copy = run_dir / "vocab.txt"
-    if Path(job.vocab_file).resolve() != vocab_copy.resolve():
-        shutil.copyfile(job.vocab_file, vocab_copy)
+    if is_rank_zero() and Path(job.vocab_file).resolve() != vocab_copy.resolve():
+        shutil.copyfile(job.vocab_file, vocab_copy)  # the run's files: rank 0 writes them
     task = config.task.build(_recursive_=False)(
         model_config=dataclasses.asdict(prepared.init.config),
         optimizer=config.optimizer.plain(),
@@ -279,8 +284,9 @@ def fit(run: Run) -> dict[str, Any]:
     """Train; the training facts for the summary (the final checkpoint is the checkpoint
     callback's ``final.ckpt``)."""
     task, trainer = run.task, run.trainer
-    print(f"omnibert-finetune: initialised from {run.initialised_from}", flush=True)
-    print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(run.new_keys)}")
+    if is_rank_zero():
+        print(f"omnibert-finetune: initialised from {run.initialised_from}", flush=True)
+        print(f"omnibert-finetune: new (freshly initialised) keys: {', '.join(run.new_keys)}")
     seconds = fit_safely(run, lambda step: f" after fine-tuning finished at step {step}")
     losses = task.losses()
     tenth = max(1, len(losses) // 10)
@@ -316,33 +322,17 @@ def few_steps_notice(steps: int, recipe: Recipe, examples: int) -> str | None:
 
 def run(cfg: FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
     """Prepare, fit, evaluate; ``summary.json`` and ``curves.png`` in the run directory;
-    returns the summary."""
+    returns the summary. One voice (:mod:`omnibert.errors`): in a run of several processes
+    rank 0 prints the plan, the progress and the summary, evaluates and writes the files;
+    another rank trains its share, prints only its errors and returns ``{}``."""
     stopping.set_context(" before fine-tuning started")
-    prepared = prepare(cfg)
+    prepared = prepare(cfg)  # this process's rank is known from here on
+    quiet_other_ranks()
     config, plan = prepared.config, prepared.plan
     inputs = prepared.job.inputs
     run_dir = Path(config.paths.run_dir)
-    print(
-        f"omnibert-finetune: {config.task_name} from {config.model.init_from}: "
-        f"{plan.train_examples} training examples -> {plan.train_features} "
-        f"features, {plan.steps_per_epoch} steps/epoch x {plan.epochs} "
-        f"epochs = {plan.max_steps} steps (batch {plan.global_batch_size}, "
-        f"micro {plan.micro_batch_size}, accumulation {plan.accumulate_grad_batches})",
-        flush=True,
-    )
-    notice = few_steps_notice(plan.max_steps, inputs.recipe, plan.train_examples)
-    if notice:
-        print(notice, flush=True)
-    if plan.ckpt_path is not None:
-        said = "; ".join(plan.resume_changes) or "none: the checkpoint's settings"
-        print(f"omnibert-finetune: resume from {plan.ckpt_path}; changes: {said}", flush=True)
-    kernels = "; ".join(f"{k} {v}" for k, v in plan.kernels.items())
-    print(f"omnibert-finetune: kernels: {kernels}", flush=True)
-    if plan.checkpoint_space:
-        space = plan.checkpoint_space
-        print(f"omnibert-finetune: checkpoint space: {space['description']}", flush=True)
-        if space["warning"]:
-            print(f"omnibert-finetune: warning: {space['warning']}", flush=True)
+    if is_rank_zero():
+        _print_plan(prepared)
     built = build(prepared, run_dir)
     facts = fit(built)
     if not built.trainer.is_global_zero:
@@ -378,3 +368,30 @@ def run(cfg: FinetuneConfig | FinetuneInputs) -> dict[str, Any]:
     summary["curves"] = str(curves) if curves else None
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _print_plan(prepared: Prepared) -> None:
+    """The plan's lines (rank 0's: one voice)."""
+    config, plan = prepared.config, prepared.plan
+    inputs = prepared.job.inputs
+    print(
+        f"omnibert-finetune: {config.task_name} from {config.model.init_from}: "
+        f"{plan.train_examples} training examples -> {plan.train_features} "
+        f"features, {plan.steps_per_epoch} steps/epoch x {plan.epochs} "
+        f"epochs = {plan.max_steps} steps (batch {plan.global_batch_size}, "
+        f"micro {plan.micro_batch_size}, accumulation {plan.accumulate_grad_batches})",
+        flush=True,
+    )
+    notice = few_steps_notice(plan.max_steps, inputs.recipe, plan.train_examples)
+    if notice:
+        print(notice, flush=True)
+    if plan.ckpt_path is not None:
+        said = "; ".join(plan.resume_changes) or "none: the checkpoint's settings"
+        print(f"omnibert-finetune: resume from {plan.ckpt_path}; changes: {said}", flush=True)
+    kernels = "; ".join(f"{k} {v}" for k, v in plan.kernels.items())
+    print(f"omnibert-finetune: kernels: {kernels}", flush=True)
+    if plan.checkpoint_space:
+        space = plan.checkpoint_space
+        print(f"omnibert-finetune: checkpoint space: {space['description']}", flush=True)
+        if space["warning"]:
+            print(f"omnibert-finetune: warning: {space['warning']}", flush=True)

@@ -15,7 +15,9 @@ progress line name the checkpoint's own step (its ``global_step``; a TF1 checkpo
 the precision evaluated in (by default the one the checkpoint's run validated in:
 :func:`eval_precision`), so the accuracies compare with the run's. A loader worker
 (``data.num_workers`` > 0) that dies ends the evaluation in one sentence naming it, the
-signal and the likely cause (:mod:`omnibert.data.loader_workers`, exit code 71).
+signal and the likely cause (:mod:`omnibert.data.loader_workers`, exit code 71). On several
+devices every rank evaluates its share and the sums are gathered; rank 0 speaks for the run
+(:func:`omnibert.errors.is_rank_zero`: the app prints and writes the report there alone).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from omnibert.accelerators import build_plugin
+from omnibert.accelerators.launchers import check_launch_layout
 from omnibert.callbacks.progress import ProgressLog
 from omnibert.checkpoints.files import saved_step
 from omnibert.checkpoints.reading import load_pretrained
@@ -37,7 +40,7 @@ from omnibert.config.sections import objective_name
 from omnibert.config.tools import EvalConfig
 from omnibert.convert.tf1_bundle import TF1Checkpoint
 from omnibert.data.loader_workers import LoaderWorkerDied, worker_death
-from omnibert.errors import UserError
+from omnibert.errors import UserError, quiet_other_ranks, set_process_rank
 from omnibert.run.pipeline.builders import quiet_third_party_deprecations
 from omnibert.run.pipeline.target_types import check_target_types
 from omnibert.run.tools.run_records import run_summary
@@ -55,6 +58,9 @@ def evaluate_pretrained(config: EvalConfig, output_dir: Path | None = None) -> d
     check_target_types([config.accelerator, config.data])
     size = config.eval_micro_batch_size
     plugin = build_plugin(config.accelerator.plain())
+    launch = check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
+    set_process_rank(launch.rank)  # who speaks for the run (omnibert.errors.is_rank_zero)
+    quiet_other_ranks()
     if config.precision is not None:
         plugin.check_precision(config.precision)
     loaded = load_pretrained(config.ckpt, config.bert_config)
