@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+from pathlib import Path
 
 import benchharness as bh
 import pytest
@@ -225,3 +226,18 @@ def test_the_harness_and_the_gpu_check_import_the_standard_library_only():
     done = subprocess.run([sys.executable, "-S", "-c", code, str(scripts)],
                           capture_output=True, text=True, check=True)  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+def test_a_record_of_a_script_that_never_imports_torch_names_the_torch_it_measured():
+    """bench_attention times omnibert-train processes and imports no torch itself: its
+    record's machine still names the torch those processes ran (this interpreter's)."""
+    import subprocess
+    import sys
+
+    scripts = Path(__file__).resolve().parents[2] / "scripts"  # benchplot is a script module
+    code = "import sys, benchplot; print('torch' in sys.modules, benchplot.machine()['torch'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=scripts, check=True)  # fmt: skip
+    import torch
+
+    assert done.stdout.split() == ["False", torch.__version__]
