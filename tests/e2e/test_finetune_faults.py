@@ -81,24 +81,24 @@ def test_the_plan_refuses_a_disk_without_room_for_one_checkpoint(
 def test_a_disk_that_fills_stops_fine_tuning_in_one_line_and_it_resumes(
     tmp_path, tiny_hf, monkeypatch, capsys
 ):
-    """A checkpoint every 2 of 6 steps, ``last.ckpt`` beside ``final.ckpt``; the disk fills
-    while ``final.ckpt`` of step 4 is written: exit code 74, one line naming the file, the
-    error and what is intact; both files of step 2 are untouched, and ``ckpt_path=last``
-    finishes the run."""
+    """A checkpoint every 2 of 6 steps (``last.ckpt``: ``final.ckpt`` is the end's alone); the
+    disk fills while ``last.ckpt`` of step 4 is written: exit code 74, one line naming the
+    file, the error and what is intact; step 2's ``last.ckpt`` is untouched, no
+    ``final.ckpt`` claims the unfinished run, and ``ckpt_path=last`` finishes it."""
     from faults import FailingCheckpointWrites
 
     from omnibert.apps import finetune
 
     train = mrpc_file(tmp_path / "train.tsv", 48, seed=1)
-    saving = ["callbacks.checkpoint.every_n_train_steps=2", "callbacks.checkpoint.save_last=true"]
-    failing = FailingCheckpointWrites(("final",), spare=1).install(monkeypatch)
+    saving = ["callbacks.checkpoint.every_n_train_steps=2"]  # last.ckpt follows from it
+    failing = FailingCheckpointWrites(("last",), spare=1).install(monkeypatch)
     with pytest.raises(SystemExit) as stopped:
         finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, *saving))
     assert stopped.value.code == 74 and failing.failures == 1
     lines = capsys.readouterr().err.strip().splitlines()
     folder = tmp_path / "runs" / "mrpc-seed42" / "checkpoints"
     assert lines[-1].startswith(
-        f"omnibert-finetune: error: could not write the checkpoint {folder}/final.ckpt: No space "
+        f"omnibert-finetune: error: could not write the checkpoint {folder}/last.ckpt: No space "
         "left on device (ENOSPC); it needs about "
     ), lines[-1]
     assert lines[-1].endswith(
@@ -107,13 +107,14 @@ def test_a_disk_that_fills_stops_fine_tuning_in_one_line_and_it_resumes(
         "ckpt_path=last"
     ), lines[-1]
     assert not any("Traceback" in line for line in lines)
-    assert sorted(p.name for p in folder.iterdir()) == ["final.ckpt", "last.ckpt"]
-    for name in ("final.ckpt", "last.ckpt"):  # what was written before: whole, of step 2
-        assert torch.load(folder / name, weights_only=True)["global_step"] == 2, name
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 2
     monkeypatch.undo()
     summary = finetune.run_or_exit(_finetune(tmp_path, tiny_hf, train, *saving, "ckpt_path=last"))
     assert summary["steps"] == 6
-    assert torch.load(folder / "final.ckpt", weights_only=True)["global_step"] == 6
+    assert sorted(p.name for p in folder.iterdir()) == ["final.ckpt", "last.ckpt"]
+    for name in ("final.ckpt", "last.ckpt"):  # the end, in both
+        assert torch.load(folder / name, weights_only=True)["global_step"] == 6, name
 
 
 def test_a_stop_inside_a_step_keeps_the_last_completed_step_and_resumes_bitwise(

@@ -95,10 +95,14 @@ class PretrainingCheckpoint(ModelCheckpoint):
             kwargs.setdefault("mode", "max")
         kwargs["save_top_k"] = settings.save_top_k
         kwargs["enable_version_counter"] = False  # one name, one file: last.ckpt is the newest
+        filename = kwargs.get("filename")
+        if filename is not None and "{" not in str(filename) and kwargs.get("every_n_train_steps"):
+            kwargs["save_last"] = True  # the file of the end: periodic saves go to last.ckpt
         super().__init__(*args, **kwargs)
         self.keep_last = settings.keep_last
         self.on_write_error = settings.on_write_error
         self._final = False  # inside save_final: a failure always ends the run
+        self._at_end = False  # inside save_final at the end of training
         self._failed_step = -1  # the step whose write failed (skip: not tried twice)
         #: this step's step-*.ckpt, written, and the bookkeeping before it (step, path, state)
         self._this_step: tuple[int, str, dict[str, Any]] | None = None
@@ -130,6 +134,15 @@ class PretrainingCheckpoint(ModelCheckpoint):
                 log.info("copied %s to %s, the state this run resumes", resumed, last)
             trainer.strategy.barrier("omnibert resumed checkpoint copied")
             self.last_model_path = str(last)
+
+    @property
+    def written_at_end_only(self) -> bool:
+        """The callback's file has a fixed name (fine-tuning's ``final.ckpt``, no ``{step}``
+        in ``filename``): the model of the end of training, written only then. Periodic saves
+        and a stop's save write ``last.ckpt`` (turned on with ``every_n_train_steps``), the
+        state to resume from, so a run that ended early never leaves a ``final.ckpt`` that
+        ``omnibert-predict`` would take for the finished model."""
+        return self.filename is not None and "{" not in str(self.filename)
 
     @property
     def keeps_fewer_possible(self) -> bool:
@@ -207,20 +220,29 @@ class PretrainingCheckpoint(ModelCheckpoint):
         self._rank_again()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._should_skip_saving_checkpoint(trainer) or trainer.global_step == 0:
+        if trainer.global_step == 0:
             return
-        self.save_final(trainer)
+        saved = self._last_global_step_saved == trainer.global_step
+        if self._should_skip_saving_checkpoint(trainer) and not (
+            saved and self.written_at_end_only  # the step's last.ckpt is there, not the file
+        ):
+            return
+        self.save_final(trainer, at_end=True)
 
-    def save_final(self, trainer: pl.Trainer) -> None:
-        """The step's ``step-*.ckpt`` and ``last.ckpt`` (what the end of training and a stop
-        by a signal keep); a failed write raises whatever ``on_write_error`` says."""
-        self._final = True
+    def save_final(self, trainer: pl.Trainer, at_end: bool = False) -> None:
+        """The step's ``step-*.ckpt`` and ``last.ckpt`` (what the end of training,
+        ``at_end``, and a stop by a signal keep; a file of a fixed name only at the end:
+        :attr:`written_at_end_only`); a failed write raises whatever ``on_write_error``
+        says."""
+        self._final, self._at_end = True, at_end
         try:
             candidates = self._monitor_candidates(trainer)
+            last_saved = self._last_global_step_saved == trainer.global_step
             self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            if not last_saved:
+                self._save_last_checkpoint(trainer, candidates)
         finally:
-            self._final = False
+            self._final, self._at_end = False, False
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -231,6 +253,8 @@ class PretrainingCheckpoint(ModelCheckpoint):
     def _save_topk_checkpoint(
         self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]
     ) -> None:
+        if self.written_at_end_only and not self._at_end:
+            return  # final.ckpt is the end's; this save's state goes to last.ckpt
         before = self._bookkeeping()
         self._this_step = None
         if not self._guarded(trainer, super()._save_topk_checkpoint, monitor_candidates, before):
