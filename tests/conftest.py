@@ -3,6 +3,7 @@ the fake vendor SDKs of ``tests/fakes/sdk``."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
 import tempfile
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
 # the memory rule (its own tests turn the probe on), with a cache of their own, never the user's.
 os.environ["OMNIBERT_MICRO_BATCH_PROBE"] = "false"
 os.environ["OMNIBERT_CACHE_DIR"] = tempfile.mkdtemp(prefix="omnibert-test-cache-")
+# torch.compile's code: a run keeps it in $OMNIBERT_CACHE_DIR/compile (above: new in every
+# session) or its run directory (omnibert.run.pipeline.compile_cache), so every session would
+# compile cold what the one before compiled; the suite keeps one folder across sessions, as
+# torch's own default folder did before. tests/e2e/test_bench_compile_restart.py's runs drop
+# it and keep their code in their run directories.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_omnibert_tests"),
+)
 # trainer.precision=auto is bf16 on CPUs with native bf16 (AMX, AVX512-BF16) and fp32 on the
 # others: the tests' expected numbers are fp32 on every CI machine (tests/unit/test_fast_defaults.py
 # tests the rule itself).

@@ -236,6 +236,26 @@ class HangAtStep(pl.Callback):
             threading.Event().wait()
 
 
+class SlowFirstStep(pl.Callback):
+    """Rank ``rank`` sleeps ``seconds`` before its first training batch, as a rank that
+    compiles its step from an empty cache while its peers load theirs: its peers wait that
+    long in the first step's collectives."""
+
+    def __init__(self, seconds: float, rank: int) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.rank = rank
+        self._slept = False
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_rank == self.rank and not self._slept:
+            import time
+
+            self._slept = True
+            _say(f"SlowFirstStep: rank {self.rank} compiles for {self.seconds:g} s")
+            time.sleep(self.seconds)
+
+
 class SlowUntilResumed(pl.Callback):
     """Sleep ``seconds`` after every training batch of a run that started fresh, none in a
     resumed one: a job slow enough to meet its time limit the first time, quick once requeued."""

@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,40 @@ from typing import Any
 from omnibert.errors import UserError
 
 __all__ = [
+    "CACHE_DIR_ENV",
+    "OLD_CACHE_DIR_ENV",
     "PathError",
+    "cache_dir_from_env",
     "check_writable_dir",
     "check_writable_file",
     "hydra_output_discarded_when_refused",
     "note_hydra_dir",
+    "user_cache_dir",
     "write_json_atomic",
 ]
+
+#: the folder omnibert keeps what outlives a run in (the micro-batch probe's choices, data
+#: conversions, and, where it is set, compiled code: :mod:`omnibert.run.pipeline.compile_cache`)
+CACHE_DIR_ENV = "OMNIBERT_CACHE_DIR"
+#: the name data conversions read before :data:`CACHE_DIR_ENV` was the one name: still read,
+#: where :data:`CACHE_DIR_ENV` is unset, so conversions made under it are found again
+OLD_CACHE_DIR_ENV = "OMNIBERT_CACHE"
+
+
+def cache_dir_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """``$OMNIBERT_CACHE_DIR``, else ``$OMNIBERT_CACHE`` (its older name), else None."""
+    env = os.environ if environ is None else environ
+    return env.get(CACHE_DIR_ENV) or env.get(OLD_CACHE_DIR_ENV) or None
+
+
+def user_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The folder of omnibert's caches: :func:`cache_dir_from_env`, else
+    ``$XDG_CACHE_HOME/omnibert``, else ``~/.cache/omnibert``."""
+    env = os.environ if environ is None else environ
+    chosen = cache_dir_from_env(env)
+    if chosen:
+        return Path(chosen)
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "omnibert"
 
 
 class PathError(UserError):

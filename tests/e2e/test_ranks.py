@@ -254,11 +254,16 @@ def test_mpirun_trains_to_the_weights_of_lightnings_launch(
 def test_a_rank_that_hangs_ends_the_run_after_timeout_s(tmp_path: Path) -> None:
     """Rank 1 blocks for good after step 2 (its socket stays open, so nothing closes): rank 0
     waits accelerator.timeout_s in its next collective, then ends the run in one line and
-    kills the hung rank. (The ranks' start waits at least 10 minutes: a loaded machine may
-    start them far apart.)"""
+    kills the hung rank. Before that, rank 1's first step starts 15 s late, longer than
+    timeout_s, as a cold compile beside a peer's warm cache: the first steps' collectives
+    wait for it (the compile allowance), so the run goes on to step 2. (The ranks' start
+    waits at least 10 minutes: a loaded machine may start them far apart.)"""
     hang = ["accelerator.timeout_s=10", "+callbacks.hang._target_=faults.HangAtStep",
-            "+callbacks.hang.step=2", "+callbacks.hang.rank=1"]  # fmt: skip
+            "+callbacks.hang.step=2", "+callbacks.hang.rank=1",
+            "+callbacks.slow._target_=faults.SlowFirstStep", "+callbacks.slow.seconds=15",
+            "+callbacks.slow.rank=1"]  # fmt: skip
     with started(_command("lightning", tmp_path, "hang", *hang), tmp_path, "hang") as run:
+        run.wait_for(r"SlowFirstStep: rank 1 compiles for 15 s")
         pid = int(run.wait_for(r"HangAtStep: rank 1 \(pid (\d+)\) hangs at step 2").group(1))
         code, lines = run.finish()
     assert code == EXIT_LOST_RANK, "\n".join(lines)

@@ -4,7 +4,9 @@
 one process: Lightning's ``DDPStrategy`` with
 
 * the process-group timeout ``accelerator.timeout_s`` (gloo and NCCL), so a collective whose
-  peer stopped answering ends after that long instead of torch's 30 minutes;
+  peer stopped answering ends after that long instead of torch's 30 minutes; in the first
+  steps, where every rank compiles, at least :data:`~omnibert.accelerators.compile_allowance.
+  COMPILE_ALLOWANCE_S` (:mod:`omnibert.accelerators.compile_allowance`);
 * under Lightning's own launcher, :class:`WatchedLauncher`: rank 0 is the parent of the
   node's other ranks and one thread per child waits on it. A child that dies (killed, or
   exiting with an error) ends the run at once with one line, ``rank 1 (pid 4242) was lost:
@@ -45,6 +47,7 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+from omnibert.accelerators.compile_allowance import CompileAllowance, compile_allowance
 from omnibert.accelerators.elastic import agent_store, store_of_this_start
 from omnibert.accelerators.launchers import OPEN_MPI
 from omnibert.errors import EXIT_LOST_RANK, LostRank, report_lost_rank
@@ -136,22 +139,16 @@ class WatchedLauncher(_SubprocessScriptLauncher):
         return function(*args, **kwargs)
 
 
-class OmnibertDDPStrategy(DDPStrategy):
+class OmnibertDDPStrategy(CompileAllowance, DDPStrategy):
     """``DDPStrategy`` whose launcher is :class:`WatchedLauncher`; ``timeout`` bounds the
     start (every rank joining the process group), ``collective_timeout`` (None: the same)
-    each collective once all have joined; ``optimizer_sharding`` (``accelerator.
-    optimizer_sharding``): ``zero1`` has the task partition the optimiser over the ranks
-    (:attr:`optimizer_partition_group`)."""
+    each collective once all have joined, ``compile_allowance`` (None: none) those of the
+    first steps (:class:`~omnibert.accelerators.compile_allowance.CompileAllowance`);
+    ``optimizer_sharding`` (``accelerator.optimizer_sharding``): ``zero1`` has the task
+    partition the optimiser over the ranks (:attr:`optimizer_partition_group`)."""
 
-    def __init__(
-        self,
-        *args: Any,
-        collective_timeout: timedelta | None = None,
-        optimizer_sharding: str = "none",
-        **kwargs: Any,
-    ):
+    def __init__(self, *args: Any, optimizer_sharding: str = "none", **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.collective_timeout = collective_timeout
         self.optimizer_sharding = optimizer_sharding
 
     @property
@@ -174,9 +171,7 @@ class OmnibertDDPStrategy(DDPStrategy):
                 world_size=self.world_size, timeout=self._timeout,
             )  # fmt: skip
         super().setup_distributed()
-        set_timeout = getattr(torch.distributed.distributed_c10d, "_set_pg_timeout", None)
-        if self.collective_timeout is not None and set_timeout is not None:
-            set_timeout(self.collective_timeout)
+        self.apply_collective_timeout()
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -239,11 +234,13 @@ def ddp_strategy(timeout_s: float, **kwargs: Any) -> DDPStrategy:
     """The DDP strategy of the module docstring, ``kwargs`` passed on. The ranks wait for
     each other at start for at least :data:`START_TIMEOUT_S` (one rank may still be loading
     and checking its data while another waits); each collective after that waits
-    ``timeout_s``."""
+    ``timeout_s``, those of the first steps at least ``COMPILE_ALLOWANCE_S`` (a peer may
+    still be compiling)."""
     env = mpi_environment()
     return OmnibertDDPStrategy(
         timeout=timedelta(seconds=max(timeout_s, START_TIMEOUT_S)),
         collective_timeout=timedelta(seconds=timeout_s),
+        compile_allowance=compile_allowance(timeout_s),
         cluster_environment=env,
         **kwargs,
     )
@@ -278,9 +275,12 @@ def lost_rank(
     other = f"rank {1 - rank}" if world_size == 2 else "another rank"
     if timed_out is not None:
         waited = int(timed_out.group(1) or timed_out.group(2)) / 1000
-        seconds = (
-            f"{waited:g} s" if timeout_s is None else f"{timeout_s:g} s, accelerator.timeout_s"
-        )
+        if timeout_s is None:
+            seconds = f"{waited:g} s"
+        elif waited > timeout_s + 1:  # in the first steps (compile_allowance)
+            seconds = f"{waited:g} s, the first steps' allowance for compiling"
+        else:
+            seconds = f"{timeout_s:g} s, accelerator.timeout_s"
         return LostRank(f"{other} stopped responding (no collective for {seconds}); {RESUME}")
     assert closed is not None
     return LostRank(

@@ -17,7 +17,6 @@ over the shards' ranks (the task hands it FSDP's process group: :mod:`omnibert.o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -149,18 +148,17 @@ class GPUPlugin(AcceleratorPlugin):
         return kwargs
 
     def _fsdp_strategy(self) -> Any:
-        from lightning.pytorch.strategies import FSDPStrategy
-
         from omnibert.accelerators.ddp import mpi_environment
+        from omnibert.accelerators.fsdp import fsdp_strategy
         from omnibert.models.layers import BertLayer
 
         options = dict(self.fsdp)
         checkpointing = bool(options.pop("activation_checkpointing", False))
-        return FSDPStrategy(
+        return fsdp_strategy(
+            self.timeout_s,
             auto_wrap_policy={BertLayer},
             activation_checkpointing_policy={BertLayer} if checkpointing else None,
             use_orig_params=True,
-            timeout=timedelta(seconds=self.timeout_s),
             cluster_environment=mpi_environment(),
             **options,
         )

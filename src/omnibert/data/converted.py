@@ -32,6 +32,7 @@ from omnibert.data.sources import (
     read_metadata,
 )
 from omnibert.formats import FILE_SUFFIXES
+from omnibert.paths import user_cache_dir
 
 __all__ = ["FORMATS", "ConvertedSource"]
 
@@ -98,8 +99,9 @@ class ConvertedSource(ArrowSource):
         vocab_file: the data's vocab.txt (these formats do not record the vocab, so the
             model's vocab size comes from here); token ids are checked against it.
         eval_samples: evaluate only the first N eval rows; ``None``: all.
-        cache_dir: where conversions are kept; ``None``: ``$OMNIBERT_CACHE/arrow`` or
-            ``~/.cache/omnibert/arrow``.
+        cache_dir: where conversions are kept; ``None``: ``arrow/`` in
+            :func:`omnibert.paths.user_cache_dir` (``$OMNIBERT_CACHE_DIR``, or
+            ``~/.cache/omnibert``).
         num_proc: processes of a conversion.
     """
 
@@ -123,8 +125,7 @@ class ConvertedSource(ArrowSource):
                 "that matches your files (data=arrow, data=tfrecord or data=hdf5)."
             )
         self.format = format
-        home = Path(os.environ.get("OMNIBERT_CACHE", Path.home() / ".cache" / "omnibert"))
-        self.cache_dir = Path(cache_dir) if cache_dir else home / "arrow"
+        self.cache_dir = Path(cache_dir) if cache_dir else user_cache_dir() / "arrow"
         self.num_proc = max(1, int(num_proc))
         self._spec: RowSpec | None = None
 

@@ -58,6 +58,7 @@ from omnibert.run.pipeline.builders import (
     build_trainer,
     quiet_third_party_deprecations,
 )
+from omnibert.run.pipeline.compile_cache import use_compile_cache
 from omnibert.run.pipeline.kernels import optimizer_choice
 from omnibert.run.pipeline.stages import Prepared, Run, fit_safely
 from omnibert.run.pipeline.target_types import check_target_types
@@ -98,6 +99,8 @@ class FinetunePlan:
     resume_changes: list[str] = dataclasses.field(default_factory=list)
     #: a checkpoint's size × how many at once against the free space (checkpoints.space)
     checkpoint_space: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: where compiled code is kept, why there, warm or cold (run.pipeline.compile_cache)
+    compile_cache: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -122,6 +125,7 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
     inputs = cfg if isinstance(cfg, FinetuneInputs) else check_inputs(cfg)
     config, recipe = inputs.config, inputs.recipe
     check_target_types(config.target_nodes(), config.composition.origins)
+    compile_cache = use_compile_cache(config.paths.run_dir)  # before anything compiles
     plugin = build_plugin(config.accelerator.node.plain())
     launch = check_launch_layout(plugin.name, plugin.devices, plugin.num_nodes)
     set_process_rank(launch.rank)  # who speaks for the run (omnibert.errors.is_rank_zero)
@@ -183,6 +187,7 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
             "compile": "off (omnibert-finetune runs the model eagerly)",
         },
         float8=float8,
+        compile_cache=compile_cache.describe(),
     )
     plan = dataclasses.replace(plan, checkpoint_space=_checkpoint_space(config, plan, meta_task))
     if ckpt_path is not None:  # what differs from the checkpoint: applied, or refused
@@ -390,6 +395,7 @@ def _print_plan(prepared: Prepared) -> None:
         print(f"omnibert-finetune: resume from {plan.ckpt_path}; changes: {said}", flush=True)
     kernels = "; ".join(f"{k} {v}" for k, v in plan.kernels.items())
     print(f"omnibert-finetune: kernels: {kernels}", flush=True)
+    print(f"omnibert-finetune: compile cache: {plan.compile_cache}", flush=True)
     if plan.checkpoint_space:
         space = plan.checkpoint_space
         print(f"omnibert-finetune: checkpoint space: {space['description']}", flush=True)

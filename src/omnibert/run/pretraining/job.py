@@ -50,6 +50,7 @@ from omnibert.run.pipeline.builders import (
     build_trainer,
     quiet_third_party_deprecations,
 )
+from omnibert.run.pipeline.compile_cache import use_compile_cache
 from omnibert.run.pipeline.kernels import kernel_choices
 from omnibert.run.pipeline.stages import Prepared, Run, fit_safely
 from omnibert.run.pipeline.target_types import check_target_types
@@ -86,6 +87,7 @@ def prepare(config: TrainConfig) -> Prepared:
     )  # trainer.max_epochs=abc: before anything builds
     for key, path in config.paths.writable_keys().items():  # before any data is read
         check_writable_dir(path, key)
+    compile_cache = use_compile_cache(config.paths.run_dir)  # before anything compiles
     plugin = build_plugin(config.accelerator.node.plain())
     environment = plugin.environment()
     check_slurm_layout(plugin.name, plugin.devices, plugin.num_nodes)
@@ -133,6 +135,7 @@ def prepare(config: TrainConfig) -> Prepared:
         plan, micro_batch_choice=choice.reason, micro_batch_probe=choice.probe,
         threads=threads, attention=attention, float8=float8,
         kernels=kernels, checkpoint_space=checkpoint_space_of(config, plan, precision),
+        compile_cache=compile_cache.describe(),
     )  # fmt: skip
     if plan.ckpt_path is not None and plugin.samples_as_planned:
         sampler = datamodule.train_batch_sampler(world_size=plan.batch.world_size)

@@ -73,6 +73,8 @@ class TrainPlan:
     attention: str = ""
     #: checkpoint size × how many at once against the free space (checkpoints.space)
     checkpoint_space: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: where compiled code is kept, why there, warm or cold (run.pipeline.compile_cache)
+    compile_cache: str = ""
     #: trainer.precision=fp8: recipe, emulation, torchao's version, the Linear layers in fp8
     #: and those kept in bf16 with why (accelerators.float8.Float8Plan; None: not fp8)
     float8: Any = None
@@ -136,6 +138,7 @@ class TrainPlan:
             ("vocab size", f"{self.vocab_size}"),
             *([("CPU threads", self.threads)] if self.threads else []),
             *(list(self.kernels.items()) if self.kernels else [("precision", self.precision)]),
+            *([("compile cache", self.compile_cache)] if self.compile_cache else []),
             *([("attention", self.attention)] if self.attention and not self.kernels else []),
             ("clipping", self.clipping),
             ("init from", self._init_description()),

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from omnibert.paths import user_cache_dir
+
 __all__ = ["CACHE_NAME", "cache_file", "cache_key", "device_name", "read_cache", "write_cache"]
 
 #: the cache file's name under the cache folder
@@ -22,13 +24,9 @@ CACHE_NAME = "micro_batch_probe.json"
 
 
 def cache_file() -> Path:
-    """``$OMNIBERT_CACHE_DIR``, else ``$XDG_CACHE_HOME/omnibert``, else
-    ``~/.cache/omnibert``, then :data:`CACHE_NAME`."""
-    root = os.environ.get("OMNIBERT_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = str(Path(base) / "omnibert")
-    return Path(root) / CACHE_NAME
+    """:data:`CACHE_NAME` in :func:`omnibert.paths.user_cache_dir` (``$OMNIBERT_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/omnibert``, else ``~/.cache/omnibert``)."""
+    return user_cache_dir() / CACHE_NAME
 
 
 def device_name(device: torch.device) -> str:
