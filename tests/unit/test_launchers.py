@@ -119,6 +119,11 @@ def test_slurms_2_node_layout_gives_each_task_its_rank_node_and_rank_0s_address(
     for key, value in SLURM_2_NODES.items():
         monkeypatch.setenv(key, value)
     check_slurm_layout("cpu", 1, 2)
+    from lightning.fabric.utilities import rank_zero
+    from lightning_utilities.core import rank_zero as utilities_rank_zero
+
+    for module in (rank_zero, utilities_rank_zero):  # the Trainer makes this process rank 1
+        monkeypatch.setattr(module.rank_zero_only, "rank", module.rank_zero_only.rank)
     trainer = pl.Trainer(**CPUPlugin(devices=1, num_nodes=2).trainer_kwargs("32-true"),
                          logger=False, enable_checkpointing=False)  # fmt: skip
     strategy = trainer.strategy
