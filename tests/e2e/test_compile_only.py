@@ -142,6 +142,7 @@ def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path, monkeypatch):
     sweep = tmp_path / "sweep1" / "multirun"  # under paths.output_root
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the app's default, left as it was
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # accelerator.threads=null reads it
     monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)  # the sweep's record, gone afterwards
     monkeypatch.setattr(sys, "argv", ["omnibert-train", "-m", *SMOKE,
                                       f"paths.output_root={tmp_path / 'sweep1'}",

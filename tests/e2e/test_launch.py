@@ -166,6 +166,7 @@ def test_the_optuna_sweeper_maximises_the_final_masked_lm_accuracy(tmp_path, mon
     sweep = tmp_path / "optuna"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the app's default, left as it was
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # accelerator.threads=null reads it
     monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)  # the sweep's record, gone afterwards
     monkeypatch.setattr(sys, "argv", ["omnibert-train", "-m", "experiment=smoke",
                                       "hydra/sweeper=optuna_mlm", "hydra.sweeper.n_trials=2",
