@@ -107,6 +107,8 @@ def evaluation_seconds(mlperf_log: Path) -> list[float]:
 def probe_rate(curve: list[tuple[float, int, int, float]], evaluation: float) -> float:
     """Training sequences/s between the probe's last two evaluations (the first step's
     start-up is before them), the evaluation between them taken out."""
+    if len(curve) < 2:
+        raise SystemExit(f"bench_equal_time: the probe evaluated fewer than twice: {curve}")
     (s0, n0, _, _), (s1, n1, _, _) = curve[-2], curve[-1]
     if s1 - s0 <= evaluation or n1 <= n0:
         raise SystemExit(f"bench_equal_time: the probe's evaluations are not apart: {curve}")
@@ -119,8 +121,10 @@ def run_model(args: argparse.Namespace, name: str, work: Path) -> dict[str, Any]
     init = initial_weights(size, args.seed, work, vocab)
     share = size.warmup / size.max_steps
     half = args.probe_steps // 2
-    probe_size = dataclasses.replace(size, max_steps=2 * half, warmup=max(1, round(share * 2 * half)),
-                                     target=UNREACHABLE)  # fmt: skip
+    # one step past two evaluations' worth: packed steps hold about, not exactly, --batch
+    # sequences, and steps a little short of it would leave the second evaluation unreached
+    probe_size = dataclasses.replace(size, max_steps=2 * half + 1,
+                                     warmup=max(1, round(share * 2 * half)), target=UNREACHABLE)  # fmt: skip
     probe_args = argparse.Namespace(
         **{**vars(args), "eval_every": int(CADENCE * half * args.batch)}
     )

@@ -37,10 +37,13 @@ def project_bundle(tmp_path_factory) -> Path:
 
 def test_the_rehearsal_runs_every_step_and_writes_the_summary(project_bundle, tmp_path) -> None:
     out = tmp_path / "out"
+    # one OpenMP thread a step, as the suite's other subprocesses: the benchmarks' smoke runs
+    # are tiny, and two threads a process on a machine the test workers share spin-wait
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--rehearse",
          "--bundle", str(project_bundle), "--deadline", "400"],
-        cwd=tmp_path, env={**os.environ, "PYTHON": sys.executable},
+        cwd=tmp_path, env=env,
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

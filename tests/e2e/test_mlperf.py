@@ -94,14 +94,17 @@ def _check(log: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_smoke_run_reaches_its_target_and_passes_the_compliance_checker(corpus, tmp_path):
-    # 0.08, not the experiment's 0.10: the third evaluation reaches it (150 steps, not 250),
-    # after two that stay below it
-    summary = _smoke(corpus, tmp_path, "mlperf.target_accuracy=0.08")
+    # 0.03 evaluated every 320 samples (10 steps), not the experiment's 0.10 every 1,600: the
+    # untrained model scores about 0.001 at step 10, and the masked-LM accuracy reaches the
+    # majority token's (about 0.06) by step 20 or 30; a later evaluation reaches the target
+    # after at least one below it (tens of steps, not 250)
+    summary = _smoke(corpus, tmp_path, "mlperf.target_accuracy=0.03",
+                     "mlperf.eval_every_samples=320")  # fmt: skip
     mlperf = summary["mlperf"]
     assert mlperf["status"] == "success" and mlperf["reached"]
     evals = mlperf["evaluations"]
-    assert [e["samples"] for e in evals] == [1600 * (i + 1) for i in range(len(evals))]
-    assert len(evals) >= 2 and evals[-1]["val/mlm_acc"] >= 0.08 > max(
+    assert [e["samples"] for e in evals] == [320 * (i + 1) for i in range(len(evals))]
+    assert len(evals) >= 2 and evals[-1]["val/mlm_acc"] >= 0.03 > max(
         e["val/mlm_acc"] for e in evals[:-1]
     )
     # unpacked, a sample is a row: 32 per step, training stopped right after the last eval
@@ -121,10 +124,10 @@ def test_the_smoke_run_reaches_its_target_and_passes_the_compliance_checker(corp
 
 def test_the_checker_fails_a_closed_run_that_stops_short_of_0720(corpus, tmp_path):
     summary = _smoke(corpus, tmp_path, "mlperf.submission.division=closed",
-                     "mlperf.target_accuracy=0.72", "mlperf.max_samples=800",
-                     "mlperf.eval_every_samples=800")  # fmt: skip
+                     "mlperf.target_accuracy=0.72", "mlperf.max_samples=320",
+                     "mlperf.eval_every_samples=320")  # fmt: skip
     assert summary["mlperf"]["status"] == "aborted" and not summary["mlperf"]["reached"]
-    assert summary["steps"] == 25
+    assert summary["steps"] == 320 // 32  # stopped at max_samples
     done = _check(Path(summary["mlperf"]["log_file"]))
     output = done.stdout + done.stderr
     assert done.returncode != 0 and "SUCCESS" not in output
