@@ -59,14 +59,15 @@ def test_phase_mlperf_is_the_reference_point_under_mlperfs_names(tmp_path):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The embedded corpus as `make demo` prepares it (a smaller dupe factor)."""
+    """The embedded corpus as `make demo` prepares it (a smaller dupe factor), in this process:
+    the corpus, the vocab and the shards are the same files whatever the worker count, and
+    worker processes would each start an interpreter for seconds of work."""
     root = tmp_path_factory.mktemp("mlperf")
-    text = build_embedded_corpus(root / "corpus", num_train_files=2, progress=False)
+    text = build_embedded_corpus(root / "corpus", num_train_files=2, progress=False, processes=1)
     vocab = root / "vocab.txt"
-    train_wordpiece_vocab(list(text.train_files), vocab, 8192, True)
+    train_wordpiece_vocab(list(text.train_files), vocab, 8192, True, processes=1)
     settings = InstanceSettings(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2)
-    prepare(list(map(str, text.train_files)), vocab, root / "train", settings, num_workers=2,
-            progress=False)  # fmt: skip
+    prepare(list(map(str, text.train_files)), vocab, root / "train", settings, progress=False)
     prepare([str(text.eval_file)], vocab, root / "eval", settings, eval_samples=1000,
             progress=False)  # fmt: skip
     return {"train": root / "train", "eval": root / "eval", "vocab": vocab}
