@@ -6,8 +6,11 @@ test's log record would be written to a closed capture stream ("--- Logging erro
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -31,3 +34,26 @@ def logging_restored() -> Iterator[None]:
             logger.handlers[:] = handlers
             logger.setLevel(level)
             logger.propagate, logger.disabled = propagate, disabled
+
+
+def train_main_sweep(monkeypatch: Any, cwd: Path, argv: list[str]) -> None:
+    """``omnibert-train -m <argv>`` through its ``main()`` in this process, from ``cwd``, as the
+    console script's subprocess ran it: the app's OpenMP wait policy, one thread
+    (``accelerator.threads=null`` reads it), the sweep's record of its keys gone afterwards,
+    torch's thread count and the logging configuration put back."""
+    import torch
+
+    from omnibert.apps import train
+    from omnibert.run.launching.sweeps import SWEPT_KEYS_ENV
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the app's default, left as it was
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)
+    monkeypatch.setattr(sys, "argv", ["omnibert-train", "-m", *argv])
+    threads = torch.get_num_threads()
+    try:
+        with logging_restored():
+            train.main()
+    finally:
+        torch.set_num_threads(threads)

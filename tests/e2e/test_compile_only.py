@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from in_process import logging_restored
+from in_process import train_main_sweep
 
 import omnibert.run.sizing.compile_only as compile_only_module
 from omnibert.accelerators.cpu import CPUPlugin
@@ -21,7 +21,6 @@ from omnibert.data.collate import PretrainingCollator
 from omnibert.data.datamodule import PretrainingDataModule
 from omnibert.data.generated import GeneratedSource
 from omnibert.models import BertConfig, BertForPreTraining
-from omnibert.run.launching.sweeps import SWEPT_KEYS_ENV
 from omnibert.run.sizing.activation_memory import meta_batch, saved_activation_bytes
 
 SMOKE = ("experiment=smoke", "data.num_workers=0", "compile_only=true")
@@ -137,22 +136,9 @@ def test_out_of_memory_in_the_step_is_reported_and_other_errors_are_not_hidden(
 def test_a_multirun_sweep_over_micro_batch_sizes(tmp_path, monkeypatch):
     """omnibert-train's entry point in-process, as its console script calls it (Hydra's basic
     launcher runs the jobs in this process, one after the other)."""
-    from omnibert.apps import train
-
     sweep = tmp_path / "sweep1" / "multirun"  # under paths.output_root
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the app's default, left as it was
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # accelerator.threads=null reads it
-    monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)  # the sweep's record, gone afterwards
-    monkeypatch.setattr(sys, "argv", ["omnibert-train", "-m", *SMOKE,
-                                      f"paths.output_root={tmp_path / 'sweep1'}",
-                                      "micro_batch_size=2,4"])  # fmt: skip
-    threads = torch.get_num_threads()
-    try:
-        with logging_restored():
-            train.main()
-    finally:
-        torch.set_num_threads(threads)
+    train_main_sweep(monkeypatch, tmp_path, [*SMOKE, f"paths.output_root={tmp_path / 'sweep1'}",
+                                             "micro_batch_size=2,4"])  # fmt: skip
     # one directory per job, named by its number and the swept value (conf/hydra/default.yaml);
     # the job's whole command line is in its .hydra/overrides.yaml
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -158,25 +158,12 @@ def test_a_micro_batch_that_cannot_fit_is_refused_before_compute(tmp_path, capsy
 def test_the_optuna_sweeper_maximises_the_final_masked_lm_accuracy(tmp_path, monkeypatch):
     """omnibert-train's entry point in-process, as its console script calls it (the basic
     launcher runs the trials in this process)."""
-    from in_process import logging_restored
-
-    from omnibert.apps import train
-    from omnibert.run.launching.sweeps import SWEPT_KEYS_ENV
+    from in_process import train_main_sweep
 
     sweep = tmp_path / "optuna"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the app's default, left as it was
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # accelerator.threads=null reads it
-    monkeypatch.delenv(SWEPT_KEYS_ENV, raising=False)  # the sweep's record, gone afterwards
-    monkeypatch.setattr(sys, "argv", ["omnibert-train", "-m", "experiment=smoke",
-                                      "hydra/sweeper=optuna_mlm", "hydra.sweeper.n_trials=2",
-                                      f"hydra.sweep.dir={sweep}"])  # fmt: skip
-    threads = torch.get_num_threads()
-    try:
-        with logging_restored():
-            train.main()
-    finally:
-        torch.set_num_threads(threads)
+    train_main_sweep(monkeypatch, tmp_path, ["experiment=smoke", "hydra/sweeper=optuna_mlm",
+                                             "hydra.sweeper.n_trials=2",
+                                             f"hydra.sweep.dir={sweep}"])  # fmt: skip
     result = (sweep / "optimization_results.yaml").read_text()
     assert "best_params" in result and "optimizer.lr" in result and "best_value" in result
     values = [json.loads((j / "summary.json").read_text())["validation"]["val/mlm_acc"]
