@@ -20,6 +20,7 @@ from omnibert.config.node import (
     with_composition,
 )
 from omnibert.config.sections import (
+    DERIVED_TRAINER_KEYS,
     NO_NODES,
     AcceleratorSection,
     Checkpointing,
@@ -174,6 +175,16 @@ class FinetuneConfig(JobSections):
     def __post_init__(self) -> None:
         at_least("micro_batch_size", self.micro_batch_size, 1)
         Checkpointing.among(self.callbacks)  # its ranges, now
+        epochs = "task.epochs (the steps are epochs x steps per epoch)"
+        self.trainer.refuse_derived(
+            self.accelerator.node,
+            {
+                **DERIVED_TRAINER_KEYS,
+                "accumulate_grad_batches": "task.batch_size over micro_batch_size",
+                "limit_val_batches": "the task (it evaluates after training)",
+            },
+            {"max_steps": (-1, epochs), "max_epochs": (-1, epochs)},
+        )
 
     @property
     def task_name(self) -> str:

@@ -26,6 +26,7 @@ from omnibert.errors import UserError
 SectionT = TypeVar("SectionT")
 
 __all__ = [
+    "DERIVED_TRAINER_KEYS",
     "NO_NODES",
     "Accelerator",
     "AcceleratorSection",
@@ -334,6 +335,45 @@ class Trainer:
             _seconds("trainer.stop_within_s", values.get("stop_within_s", 20.0)),
             Float8Settings.of(values.get("fp8"), str(values.get("precision"))),
         )
+
+    def refuse_derived(
+        self,
+        accelerator: Node,
+        derived: Mapping[str, str],
+        composed: Mapping[str, tuple[Any, str]] | None = None,
+    ) -> None:
+        """Refuse (one sentence) a Lightning key of ``trainer`` the app sets itself, which it
+        would otherwise override without a word: each of ``derived`` (key → what sets it
+        instead), each of ``composed`` (key → (the value the app's config composes, what
+        sets it instead)) at another value, and ``accelerator``/``devices``/``num_nodes``/
+        ``strategy`` set apart from the ``accelerator`` section they are read from (the
+        plugin passes those)."""
+        fixed = {k: v for k, v in (composed or {}).items() if k in self.node}
+        for key, (value, instead) in fixed.items():
+            if self.node[key] != value:
+                derived = {**derived, key: instead}
+        for key, instead in derived.items():
+            if key in self.node:
+                raise ConfigError(
+                    f"trainer.{key}={self.node[key]!r} is not read: the app sets it from "
+                    f"{instead}; remove trainer.{key}."
+                )
+        for key in ("accelerator", "devices", "num_nodes", "strategy"):
+            if key in self.node and key in accelerator and self.node[key] != accelerator[key]:
+                raise ConfigError(
+                    f"trainer.{key}={self.node[key]!r} is not read: the accelerator plugin "
+                    f"passes accelerator.{key}={accelerator[key]!r}; set accelerator.{key} "
+                    f"instead of trainer.{key}."
+                )
+
+
+#: ``trainer`` keys every app derives (key → what sets it instead; each app adds its own,
+#: e.g. ``accumulate_grad_batches``)
+DERIVED_TRAINER_KEYS = {
+    "callbacks": "the callbacks section (callbacks=...)",
+    "logger": "the logger section (logger=...)",
+    "plugins": "the accelerator plugin and trainer.precision",
+}
 
 
 def _seconds(key: str, value: Any) -> float:

@@ -27,6 +27,7 @@ from omnibert.config.node import (
 )
 from omnibert.config.pretraining import MLPerf, Model, Phase
 from omnibert.config.sections import (
+    DERIVED_TRAINER_KEYS,
     NO_NODES,
     AcceleratorSection,
     Checkpointing,
@@ -155,6 +156,15 @@ class TrainConfig(JobSections):
                 f"phase.max_steps={self.trainer.max_steps!r} must be a positive integer."
             )
         Checkpointing.among(self.callbacks)  # its ranges, now
+        self.trainer.refuse_derived(
+            self.accelerator.node,
+            {
+                **DERIVED_TRAINER_KEYS,
+                "accumulate_grad_batches": "phase.global_batch_size over micro_batch_size",
+                "limit_train_batches": "steps_per_epoch (optimiser steps per pass over the data)",
+                "val_check_interval": "val_every_n_steps (optimiser steps between evaluations)",
+            },
+        )
 
     def starting_from(
         self, init_from: str | None, ckpt_path: str | None = None, *, model_init: bool = True

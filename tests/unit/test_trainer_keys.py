@@ -1,0 +1,81 @@
+"""A Lightning key of ``trainer`` that the app sets itself is refused, never overridden in
+silence: the loop counts the batch plan derives, the sections that build callbacks and
+loggers, and the hardware keys the accelerator plugin passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnibert.apps.compose import compose
+from omnibert.config import FinetuneConfig, TrainConfig
+from omnibert.config.sections import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+trainer.limit_train_batches=0.5",
+         "trainer.limit_train_batches=0.5 is not read: the app sets it from steps_per_epoch "
+         "(optimiser steps per pass over the data); remove trainer.limit_train_batches."),
+        ("+trainer.accumulate_grad_batches=3",
+         "trainer.accumulate_grad_batches=3 is not read: the app sets it from "
+         "phase.global_batch_size over micro_batch_size; remove trainer.accumulate_grad_batches."),
+        ("+trainer.val_check_interval=10",
+         "trainer.val_check_interval=10 is not read: the app sets it from val_every_n_steps "
+         "(optimiser steps between evaluations); remove trainer.val_check_interval."),
+        ("+trainer.callbacks=[]",
+         "trainer.callbacks=[] is not read: the app sets it from the callbacks section "
+         "(callbacks=...); remove trainer.callbacks."),
+        ("trainer.strategy=ddp",
+         "trainer.strategy='ddp' is not read: the accelerator plugin passes "
+         "accelerator.strategy='auto'; set accelerator.strategy instead of trainer.strategy."),
+        ("trainer.devices=2",
+         "trainer.devices=2 is not read: the accelerator plugin passes accelerator.devices=1; "
+         "set accelerator.devices instead of trainer.devices."),
+    ],
+)  # fmt: skip
+def test_pretraining_refuses_trainer_keys_it_derives(override, expected, tmp_path) -> None:
+    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig.of(cfg)
+    assert str(refused.value) == expected
+
+
+def test_the_advice_followed_is_applied(tmp_path) -> None:
+    """``accelerator.strategy`` (what the refusal names) reaches the trainer node."""
+    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}",
+                               "accelerator.strategy=ddp"])  # fmt: skip
+    config = TrainConfig.of(cfg)
+    assert config.trainer.node["strategy"] == config.accelerator.node["strategy"] == "ddp"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.max_steps=5",
+         "trainer.max_steps=5 is not read: the app sets it from task.epochs (the steps are "
+         "epochs x steps per epoch); remove trainer.max_steps."),
+        ("trainer.max_epochs=5",
+         "trainer.max_epochs=5 is not read: the app sets it from task.epochs (the steps are "
+         "epochs x steps per epoch); remove trainer.max_epochs."),
+        ("+trainer.accumulate_grad_batches=2",
+         "trainer.accumulate_grad_batches=2 is not read: the app sets it from task.batch_size "
+         "over micro_batch_size; remove trainer.accumulate_grad_batches."),
+        ("+trainer.limit_val_batches=0.5",
+         "trainer.limit_val_batches=0.5 is not read: the app sets it from the task (it "
+         "evaluates after training); remove trainer.limit_val_batches."),
+    ],
+)  # fmt: skip
+def test_fine_tuning_refuses_trainer_keys_it_derives(override, expected, tmp_path) -> None:
+    cfg = compose("finetune", ["task=mrpc", f"paths.output_root={tmp_path}", override])
+    with pytest.raises(ConfigError) as refused:
+        FinetuneConfig.of(cfg)
+    assert str(refused.value) == expected
+
+
+def test_fine_tuning_keeps_a_trainer_limit_it_reads(tmp_path) -> None:
+    """``trainer.limit_train_batches`` is Lightning's and fine-tuning's sampler follows it
+    (data/finetuning.lightning_epoch_cap): accepted as set."""
+    cfg = compose("finetune", ["task=mrpc", f"paths.output_root={tmp_path}",
+                               "+trainer.limit_train_batches=3"])  # fmt: skip
+    assert FinetuneConfig.of(cfg).trainer.node["limit_train_batches"] == 3
