@@ -38,7 +38,6 @@ import functools
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from omnibert.accelerators.leaving import leave_together
 from omnibert.optim import Lamb
 
 NO_DECAY = ["bias"]
@@ -152,13 +152,7 @@ def rank_main(rank: int, world: int, settings: dict[str, Any], rendezvous: str, 
         record["unsharded_state_bytes"] = [_state_bytes(plain)] if plain is not None else []
         record["impl"] = [local.resolve_impl()]
         Path(out).write_text(json.dumps(record))
-    # every rank leaves together once rank 0 has written, and without gloo's teardown: on a
-    # loaded machine it aborted a finished rank (SIGABRT, "terminate called without an active
-    # exception"), which failed the whole measurement after its record was written
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_together()  # once rank 0 has written; see omnibert.accelerators.leaving
 
 
 def measure(world: int, settings: dict[str, Any]) -> dict[str, Any]:

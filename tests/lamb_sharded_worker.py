@@ -27,8 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from test_model import model_of, unpacked_batch
-from worker_exit import leave_together
 
+from omnibert.accelerators.leaving import leave_together
 from omnibert.optim import Lamb
 
 LAMB = {"lr": 5e-2, "no_weight_decay": ["bias", "LayerNorm"], "max_grad_norm": 1.0}
@@ -163,7 +163,7 @@ def main() -> None:
         params = run(args.steps, impl, loss_scale)
         if dist.get_rank() == 0:
             torch.save(params, f"{args.out_dir}/{case}.pt")
-    leave_together()  # see worker_exit.py
+    leave_together()  # see omnibert.accelerators.leaving
 
 
 if __name__ == "__main__":

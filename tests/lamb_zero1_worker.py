@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from test_model import model_of, unpacked_batch
-from worker_exit import leave_together
 
+from omnibert.accelerators.leaving import leave_together
 from omnibert.optim import AdamW, Lamb
 from omnibert.optim.nonfinite import guard, skipped
 from omnibert.optim.zero1 import Zero1Optimizer
@@ -230,7 +230,7 @@ def main() -> None:
     if rank == 0:
         with open(f"{args.out_dir}/zero1.json", "w") as f:
             json.dump(results, f, indent=1)
-    leave_together()  # see worker_exit.py
+    leave_together()  # see omnibert.accelerators.leaving
 
 
 if __name__ == "__main__":
