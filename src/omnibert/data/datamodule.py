@@ -55,7 +55,7 @@ def lightning_epoch_batches(trainer: pl.Trainer | None, batches: int) -> int | N
     if trainer is None:
         return None
     limit, accumulate = trainer.limit_train_batches, int(trainer.accumulate_grad_batches)
-    if isinstance(limit, int):  # a float fraction is applied by Lightning to len(loader)
+    if isinstance(limit, int):  # the app's count; a float is Lightning's default 1.0: all
         batches = min(batches, limit)
     if batches < accumulate:
         raise DataConfigError(
