@@ -107,6 +107,12 @@ class UserError(ValueError):
         super().__init__(_unwrap_worker_message(type(self), message), *args)
 
 
+class ConversionError(UserError):
+    """A checkpoint that cannot be read into (or written from) the model as asked (defined
+    here, without torch, so that the apps refuse a path before they import the model code;
+    :mod:`omnibert.convert` raises it)."""
+
+
 class RunFailed(Exception):
     """A run that cannot go on, for a reason the user can act on, found during compute: the
     message is one sentence naming what happened, what is on disk and the fix; the app

@@ -118,3 +118,34 @@ def test_console_scripts_refuse_in_one_line(app, argv, expected) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert done.stderr.startswith(expected)
+
+
+#: runs an app's main() with argv, then prints whether torch / Lightning were imported
+_IMPORTS_PROBE = """
+import sys
+from importlib import import_module
+main = import_module(sys.argv[1]).main
+sys.argv = sys.argv[2:]
+try:
+    main()
+except SystemExit as stop:
+    print(stop.code, "torch" in sys.modules, "lightning" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("omnibert.apps.export", ["omnibert-export", "ckpt=a.ckpt", f"out={UNWRITABLE}"]),
+        ("omnibert.apps.predict", ["omnibert-predict", "ckpt=no/such/run", "text=a [MASK]"]),
+        ("omnibert.apps.train", ["omnibert-train", "phase.max_steps=abc"]),
+        ("omnibert.apps.finetune", ["omnibert-finetune", "task=mrpc", "micro_batch_size=0"]),
+    ],
+)  # fmt: skip
+def test_a_refusal_comes_before_torch_and_lightning_are_imported(module, argv, tmp_path) -> None:
+    """A mistyped path or value is answered before the seconds that importing torch and
+    Lightning take (export and predict used to import the model code before any check)."""
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE, module, *argv],
+                          capture_output=True, text=True, check=False, cwd=tmp_path)  # fmt: skip
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr
+    assert "error:" in done.stderr

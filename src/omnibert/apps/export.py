@@ -10,29 +10,27 @@
   (SQuAD) or ``BertForSequenceClassification`` (GLUE) with its tokenizer files
   (:func:`omnibert.run.tools.exporting.export_hf_finetuned`).
 
-Wiring only: compose the config, tell the kind
-(:func:`omnibert.checkpoints.reading.checkpoint_kind`), export.
+Wiring only: compose the config, check ``out``, tell the kind
+(:func:`omnibert.checkpoints.kinds.checkpoint_kind`), export. Torch, Lightning and the models
+are imported after those checks: a refused command answers at once.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.checkpoints.files import saved_step
-from omnibert.checkpoints.reading import checkpoint_kind, model_from_pretraining_checkpoint
-from omnibert.config.recorded import RecordedTraining
-from omnibert.convert.hf import ConversionError
-from omnibert.convert.tf1 import checkpoint_hint, find_next_to, model_from_tf1
-from omnibert.convert.tf1_bundle import is_tf1_checkpoint
-from omnibert.errors import exit_on, is_rank_zero
-from omnibert.finetune.tokenizer import vocab_is_uncased
+from omnibert.checkpoints.kinds import checkpoint_kind
+from omnibert.errors import ConversionError, exit_on, is_rank_zero
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
-from omnibert.run.tools.exporting import Pretrained, checked_vocab, export_pretrained
+
+if TYPE_CHECKING:
+    from omnibert.run.tools.exporting import Pretrained
 
 register()
 
@@ -45,6 +43,10 @@ EXPORTABLE = (
 
 def _tf1_model(cfg: DictConfig) -> Pretrained:
     """The TF1 checkpoint's model and its vocab.txt (``vocab_file``, else the one next to it)."""
+    from omnibert.config.recorded import RecordedTraining
+    from omnibert.convert.tf1 import find_next_to, model_from_tf1
+    from omnibert.run.tools.exporting import Pretrained
+
     vocab_file = cfg.vocab_file
     if vocab_file is None:
         found = find_next_to(cfg.ckpt, "vocab.txt")
@@ -71,6 +73,12 @@ def _tf1_step(prefix: str) -> int | None:
 
 def _omnibert_model(cfg: DictConfig) -> Pretrained:
     """An omnibert ``.ckpt``'s model and its vocab.txt (``vocab_file``, else its hparams')."""
+    from omnibert.checkpoints.files import saved_step
+    from omnibert.checkpoints.reading import model_from_pretraining_checkpoint
+    from omnibert.config.recorded import RecordedTraining
+    from omnibert.convert.tf1 import checkpoint_hint
+    from omnibert.run.tools.exporting import Pretrained, checked_vocab
+
     hint = checkpoint_hint(cfg.ckpt)
     if hint is not None:
         raise ConversionError(f"ckpt={cfg.ckpt} is not a checkpoint; {hint}.")
@@ -89,6 +97,8 @@ def _kind(cfg: DictConfig) -> str:
     """:func:`checkpoint_kind` of ``ckpt``; a path it cannot name goes to the pretraining
     loader, whose sentence names the checkpoint files in a run directory and the TF1
     prefixes near the path."""
+    from omnibert.convert.tf1_bundle import is_tf1_checkpoint
+
     if is_tf1_checkpoint(cfg.ckpt):
         return "tf1"
     try:
@@ -99,6 +109,7 @@ def _kind(cfg: DictConfig) -> str:
 
 def _export_finetuned(cfg: DictConfig) -> None:
     from omnibert.checkpoints.reading import load_finetuned
+    from omnibert.finetune.tokenizer import vocab_is_uncased
     from omnibert.run.tools.exporting import export_hf_finetuned
 
     if cfg.bert_config is not None:
@@ -163,6 +174,8 @@ def run(cfg: DictConfig) -> None:
     if kind == "finetuned":
         _export_finetuned(cfg)
         return
+    from omnibert.run.tools.exporting import export_pretrained
+
     pretrained = _tf1_model(cfg) if kind == "tf1" else _omnibert_model(cfg)
     line = export_pretrained(
         pretrained, cfg.out, heads=cfg.heads, do_lower_case=cfg.do_lower_case,

@@ -7,9 +7,11 @@ MLPerf, ``<prefix>.index`` + data shards, with its ``bert_config.json``).
 architecture comes from the checkpoint, the weights are checked against it, and anything
 that cannot be read is one sentence naming the file and the fix.
 
-:func:`checkpoint_kind` is the one place that tells the kinds apart, a fourth included: an
-``omnibert-finetune`` run (its directory or ``.ckpt``), which ``omnibert-export`` writes out
-as a Hugging Face task model and fine-tuning continues with its head.
+:func:`~omnibert.checkpoints.kinds.checkpoint_kind` (in the light module
+:mod:`omnibert.checkpoints.kinds`, re-exported here) is the one place that tells the kinds
+apart, a fourth included: an ``omnibert-finetune`` run (its directory or ``.ckpt``), which
+``omnibert-export`` writes out as a Hugging Face task model and fine-tuning continues with its
+head.
 :func:`load_pretraining_checkpoint` reads an ``omnibert-train`` checkpoint's model config,
 weights and hyper-parameters, checked against each other; :func:`load_finetuned` an
 ``omnibert-finetune`` checkpoint back as its task (``omnibert-predict``, ``omnibert-export``,
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from omnibert.checkpoints.files import unreadable_checkpoint
+from omnibert.checkpoints.kinds import FINETUNED_CKPT, checkpoint_kind, finetune_recipe
 from omnibert.compat import load_checkpoint
 from omnibert.config.recorded import RecordedRecipe
 from omnibert.convert.hf import (
@@ -58,8 +61,6 @@ __all__ = [
 
 #: What the pretraining loaders ask for; an app that takes more kinds names them instead.
 PRETRAINING_CHECKPOINT = "a checkpoint written by omnibert-train's pretraining task"
-#: Where an omnibert-finetune run keeps its fine-tuned weights, under its run directory.
-FINETUNED_CKPT = Path("checkpoints") / "final.ckpt"
 
 
 @dataclass
@@ -75,55 +76,6 @@ class LoadedModel:
     fresh_heads: tuple[str, ...] = ()
     #: a Hugging Face fine-tuned model's task head (``qa_outputs.*`` / ``classifier.*``)
     task_head: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def finetune_recipe(hparams: Any) -> dict[str, Any] | None:
-    """The task recipe in an ``omnibert-finetune`` checkpoint's hyper-parameters (a recipe
-    with its ``data`` node, or the ``format`` of older runs); ``None`` for any other."""
-    recipe = hparams.get("recipe") if isinstance(hparams, Mapping) else None
-    if isinstance(recipe, Mapping) and ("data" in recipe or "format" in recipe):
-        return dict(recipe)
-    return None
-
-
-def _is_finetuned_file(file: Path) -> bool:
-    try:  # memory-mapped: only the hyper-parameters are read
-        ckpt = load_checkpoint(file, mmap=True)
-    except Exception:
-        return False  # damaged or foreign: the loader that reads it says which, and why
-    return isinstance(ckpt, Mapping) and finetune_recipe(ckpt.get("hyper_parameters")) is not None
-
-
-def checkpoint_kind(path: str | Path, key: str = "ckpt") -> str:
-    """``finetuned`` (an ``omnibert-finetune`` run: its directory holding
-    ``checkpoints/final.ckpt``, or a file whose hyper-parameters hold a task recipe),
-    ``omnibert`` (any other file: a pretraining ``.ckpt``, checked when it is loaded),
-    ``huggingface`` (a directory with config.json) or ``tf1`` (a prefix whose ``.index``
-    exists); one sentence naming ``key`` (the setting the user typed) when it is none of
-    them."""
-    path = Path(path)
-    if path.is_file() and path.suffix != ".index":
-        return "finetuned" if _is_finetuned_file(path) else "omnibert"
-    if path.is_dir() and (path / "config.json").is_file():
-        return "huggingface"
-    if path.is_dir() and (path / FINETUNED_CKPT).is_file():
-        return "finetuned"
-    prefix = path.with_suffix("") if path.suffix == ".index" else path
-    if Path(f"{prefix}.index").is_file():
-        return "tf1"
-    if path.is_dir():
-        found = sorted(p.name for p in path.glob("*.ckpt")) + sorted(
-            p.name[: -len(".index")] for p in path.glob("*.index")
-        )
-        hint = f" (it holds {', '.join(found[:3])})" if found else ""
-        raise ConversionError(
-            f"{key}={path} is a directory without config.json{hint}; pass a .ckpt file, a "
-            "Hugging Face directory or a TF1 checkpoint prefix such as <dir>/model.ckpt-28252."
-        )
-    raise ConversionError(
-        f"{key}={path} does not exist; pass an omnibert .ckpt, a Hugging Face directory or a "
-        "TF1 checkpoint prefix (<prefix>.index must exist)."
-    )
 
 
 def load_pretrained(

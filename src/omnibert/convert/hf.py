@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from omnibert.compat import load_checkpoint
-from omnibert.errors import UserError
+from omnibert.errors import ConversionError
 from omnibert.models import BertConfig, BertConfigError, BertForPreTraining
 
 #: Tensors that are other tensors under a second name (HF ties them the same way).
@@ -41,10 +41,6 @@ HEADS = ("bert.pooler", "cls.predictions", "cls.seq_relationship")
 TASK_HEADS = ("qa_outputs", "classifier")
 _BUFFER_SUFFIXES = ("position_ids", "token_type_ids")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-
-
-class ConversionError(UserError):
-    """A checkpoint that cannot be read into (or written from) the model as asked."""
 
 
 @dataclass(frozen=True)

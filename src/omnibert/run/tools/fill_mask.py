@@ -15,6 +15,9 @@ holds at least one ``[MASK]``; texts longer than the model's positions are cut t
 one list per ``[MASK]`` (in order) of ``top_k`` predictions ``{"score", "token",
 "token_str", "sequence"}`` as Hugging Face's ``pipeline("fill-mask")`` gives them (the
 softmax over the vocabulary; ``sequence`` the text with that prediction in place).
+
+The model code (torch, Lightning) is imported when a model is loaded, after the path and the
+inputs are checked: a refused command answers at once.
 """
 
 from __future__ import annotations
@@ -23,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnibert.checkpoints.reading import FINETUNED_CKPT, checkpoint_kind, load_pretrained
+from omnibert.checkpoints.kinds import FINETUNED_CKPT, checkpoint_kind
 from omnibert.config.recorded import RecordedTraining
 from omnibert.config.tools import PredictConfig
 from omnibert.convert.hub_tokenizer import SPECIAL_TOKENS, wordpiece_tokenizer
 from omnibert.finetune.tokenizer import FineTuneInputError
-from omnibert.run.tools.exporting import lower_casing
 from omnibert.run.tools.predicting import STDIN, STDIN_NAME, json_records, stdin_lines
 from omnibert.tokenization.vocab import sha256_file
 
@@ -105,6 +107,8 @@ def _directory_tokenizer(path: Path, vocab: str) -> Any:
 
     from tokenizers import Tokenizer
 
+    from omnibert.run.tools.exporting import lower_casing
+
     if (path / "tokenizer.json").is_file():
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         tokenizer.no_truncation()
@@ -119,7 +123,8 @@ def _directory_tokenizer(path: Path, vocab: str) -> Any:
 
 def load_masked_lm(path: Path, bert_config: str | None = None) -> MaskedLM:
     """The model and tokenizer at ``path`` (:func:`masked_lm_path`'s answer)."""
-    from omnibert.checkpoints.reading import model_from_pretraining_checkpoint
+    from omnibert.checkpoints.reading import load_pretrained, model_from_pretraining_checkpoint
+    from omnibert.run.tools.exporting import lower_casing
 
     kind = checkpoint_kind(path)
     if kind == "omnibert":
