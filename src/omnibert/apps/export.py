@@ -11,7 +11,7 @@
   (:func:`omnibert.run.tools.exporting.export_hf_finetuned`).
 
 Wiring only: compose the config, check ``out``, tell the kind
-(:func:`omnibert.checkpoints.kinds.checkpoint_kind`), export. Torch, Lightning and the models
+(:func:`omnibert.checkpoints.files.checkpoint_kind`), export. Torch, Lightning and the models
 are imported after those checks: a refused command answers at once.
 """
 
@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from omnibert.apps.compose import CONFIG_PATH, register
 from omnibert.apps.preflight import preflight
-from omnibert.checkpoints.kinds import checkpoint_kind
+from omnibert.checkpoints.files import checkpoint_kind
 from omnibert.errors import ConversionError, exit_on, is_rank_zero
 from omnibert.paths import check_writable_dir, hydra_output_discarded_when_refused
 

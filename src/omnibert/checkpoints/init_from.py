@@ -1,6 +1,6 @@
 """Where a run's first weights come from (``model.init_from`` / ``phase.init_from``), found
 once, checked before compute and loaded through this module, for both jobs. The kind of
-checkpoint is :func:`omnibert.checkpoints.kinds.checkpoint_kind`'s answer.
+checkpoint is :func:`omnibert.checkpoints.files.checkpoint_kind`'s answer.
 
 Pretraining (:func:`plan_pretraining_init`, then :meth:`PretrainingInit.load_into`): a
 Hugging Face BERT or ModernBERT directory (:mod:`omnibert.convert.modernbert`; one of the

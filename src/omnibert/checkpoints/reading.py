@@ -7,8 +7,8 @@ MLPerf, ``<prefix>.index`` + data shards, with its ``bert_config.json``).
 architecture comes from the checkpoint, the weights are checked against it, and anything
 that cannot be read is one sentence naming the file and the fix.
 
-:func:`~omnibert.checkpoints.kinds.checkpoint_kind` (in the light module
-:mod:`omnibert.checkpoints.kinds`, re-exported here) is the one place that tells the kinds
+:func:`~omnibert.checkpoints.files.checkpoint_kind` (in the light module
+:mod:`omnibert.checkpoints.files`, re-exported here) is the one place that tells the kinds
 apart, a fourth included: an ``omnibert-finetune`` run (its directory or ``.ckpt``), which
 ``omnibert-export`` writes out as a Hugging Face task model and fine-tuning continues with its
 head.
@@ -30,8 +30,12 @@ from typing import Any
 
 import torch
 
-from omnibert.checkpoints.files import unreadable_checkpoint
-from omnibert.checkpoints.kinds import FINETUNED_CKPT, checkpoint_kind, finetune_recipe
+from omnibert.checkpoints.files import (
+    FINETUNED_CKPT,
+    checkpoint_kind,
+    finetune_recipe,
+    unreadable_checkpoint,
+)
 from omnibert.compat import load_checkpoint
 from omnibert.config.recorded import RecordedRecipe
 from omnibert.convert.hf import (

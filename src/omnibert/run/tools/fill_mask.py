@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnibert.checkpoints.kinds import FINETUNED_CKPT, checkpoint_kind
+from omnibert.checkpoints.files import FINETUNED_CKPT, checkpoint_kind
 from omnibert.config.recorded import RecordedTraining
 from omnibert.config.tools import PredictConfig
 from omnibert.convert.hub_tokenizer import SPECIAL_TOKENS, wordpiece_tokenizer
