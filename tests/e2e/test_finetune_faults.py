@@ -162,3 +162,39 @@ def test_a_stop_inside_a_step_keeps_the_last_completed_step_and_resumes_bitwise(
     got = torch.load(summary["checkpoint"], weights_only=True)["state_dict"]
     assert want.keys() == got.keys()
     assert [name for name, value in want.items() if not torch.equal(got[name], value)] == []
+
+
+def test_limit_train_batches_cuts_each_epoch_and_the_plan_counts_its_steps(
+    tmp_path, tiny_hf, capsys
+):
+    """``trainer.limit_train_batches`` is Lightning's: each epoch stops after that many micro
+    batches, and the plan (steps, schedule, step count printed) counts what runs, so the
+    learning rate ends its decay at the last step that runs."""
+    from omnibert.apps import finetune
+
+    train = mrpc_file(tmp_path / "train.tsv", 48, seed=1)  # 6 micro batches of 8 an epoch
+    summary = finetune.run(_finetune(tmp_path, tiny_hf, train, "task.epochs=2",
+                                     "+trainer.limit_train_batches=2"))  # fmt: skip
+    assert summary["steps"] == 4  # 2 epochs x 2 micro batches (no accumulation)
+    assert "2 steps/epoch x 2 epochs = 4 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("limit", "words"),
+    [
+        ("0", "trainer.limit_train_batches=0 leaves no training batch of the 2 an epoch holds"),
+        ("1.5", "trainer.limit_train_batches=1.5 must be a count of micro batches (an integer) "
+                "or a share of each epoch in [0, 1]"),
+    ],
+)  # fmt: skip
+def test_a_limit_that_trains_nothing_is_refused_before_compute(
+    tmp_path, tiny_hf, mrpc_train, limit, words
+):
+    from omnibert.config import FinetuneConfig
+    from omnibert.finetune.tokenizer import FineTuneInputError
+    from omnibert.run.finetuning.job import prepare
+
+    cfg = _finetune(tmp_path, tiny_hf, mrpc_train, f"+trainer.limit_train_batches={limit}")
+    with pytest.raises(FineTuneInputError) as refused:
+        prepare(FinetuneConfig.of(cfg, FineTuneInputError))
+    assert str(refused.value).startswith(words)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from omnibert.data.loaders import build_loader
 from omnibert.data.samplers import TorchOrderBatchSampler
 
-__all__ = ["DictDataset", "FineTuneDataModule", "lightning_epoch_cap"]
+__all__ = ["DictDataset", "FineTuneDataModule", "batches_taken", "lightning_epoch_cap"]
 
 
 class DictDataset(torch.utils.data.Dataset):
@@ -40,13 +40,19 @@ class DictDataset(torch.utils.data.Dataset):
         return {k: v[index] for k, v in self.tensors.items()}
 
 
+def batches_taken(limit: int | float, batches: int) -> int:
+    """The micro-batches Lightning takes of an epoch of ``batches`` under a
+    ``limit_train_batches`` of ``limit`` (an integer count or a fraction, as Lightning counts
+    them); what the fine-tuning plan counts its steps from."""
+    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+
+
 def lightning_epoch_cap(trainer: pl.Trainer | None, batches: int) -> int | None:
     """The micro-batches Lightning takes of an epoch of ``batches`` under
-    ``trainer.limit_train_batches`` (as Lightning counts them), None when it takes them all:
+    ``trainer.limit_train_batches`` (:func:`batches_taken`), None when it takes them all:
     the sampler's epoch must end where Lightning's does, or the next epoch would begin again
     at the start of the cut one (its iterator begins where the last whole epoch ended)."""
-    limit = 1.0 if trainer is None else trainer.limit_train_batches
-    taken = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+    taken = batches_taken(1.0 if trainer is None else trainer.limit_train_batches, batches)
     return taken if 0 < taken < batches else None
 
 

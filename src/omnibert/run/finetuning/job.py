@@ -45,7 +45,7 @@ from omnibert.checkpoints.space import module_checkpoint_bytes, plan_checkpoint_
 from omnibert.compat import seed_everything
 from omnibert.config import FinetuneConfig
 from omnibert.config.finetune import Recipe
-from omnibert.data.finetuning import FineTuneDataModule
+from omnibert.data.finetuning import FineTuneDataModule, batches_taken
 from omnibert.errors import is_rank_zero, quiet_other_ranks, set_process_rank
 from omnibert.finetune.batching import TrimPadding
 from omnibert.finetune.tokenizer import FineTuneInputError, build_tokenizer
@@ -166,6 +166,8 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
         why = f"{float8.describe()}; {why}"
     world = plugin.devices * plugin.num_nodes
     batches = math.ceil(len(feats) / (inputs.micro_batch_size * world))
+    if "limit_train_batches" in config.trainer.node:  # Lightning's cut of each epoch
+        batches = _limited(config.trainer.node["limit_train_batches"], batches)
     steps_per_epoch = math.ceil(batches / inputs.accumulate)
     plan = FinetunePlan(
         task=config.task_name,
@@ -211,6 +213,26 @@ def prepare(cfg: FinetuneConfig | FinetuneInputs) -> Prepared:
         check_resume_position(ckpt_path, datamodule.train_batch_sampler(world_size=world))
     job = FinetuneJob(inputs, vocab, tokenizer, feats.tensors)
     return Prepared(config, plugin, plugin.environment(), plan, datamodule, source, job=job)
+
+
+def _limited(limit: Any, batches: int) -> int:
+    """The micro-batches per epoch under ``trainer.limit_train_batches=limit`` (the plan's
+    steps, schedule and step count follow it); one sentence when it leaves none."""
+    valid = not isinstance(limit, bool) and (
+        (isinstance(limit, int) and limit >= 0) or (isinstance(limit, float) and 0 <= limit <= 1)
+    )
+    if not valid:
+        raise FineTuneInputError(
+            f"trainer.limit_train_batches={limit!r} must be a count of micro batches (an "
+            "integer) or a share of each epoch in [0, 1]; fix trainer.limit_train_batches."
+        )
+    taken = batches_taken(limit, batches)
+    if taken < 1:
+        raise FineTuneInputError(
+            f"trainer.limit_train_batches={limit!r} leaves no training batch of the {batches} "
+            "an epoch holds; raise it or remove it."
+        )
+    return taken
 
 
 def _checkpoint_space(config: FinetuneConfig, plan: FinetunePlan, task: Any) -> dict[str, Any]:
@@ -272,7 +294,7 @@ def build(prepared: Prepared, run_dir: Path) -> Run:
     loggers = build_loggers(
         config.logger, {"config": dict(config.composition.recorded), "plan": plan.to_dict()}
     )
-    micro_batches = -(-len(prepared.datamodule.dataset) // plan.micro_batch_size)
+    micro_batches = plan.steps_per_epoch * plan.accumulate_grad_batches  # per rank and epoch
     trainer = build_trainer(
         config, prepared.plugin, plan.precision, callbacks, loggers,
         max_steps=plan.max_steps,
