@@ -9,6 +9,9 @@ command line before the app's code runs:
   output keys and Hydra's directory are checked here with
   :func:`omnibert.paths.check_writable_dir`.
 
+* an experiment or task of the other app, and a sweep experiment without ``-m``
+  (:mod:`omnibert.apps.choices`), which Hydra would compose into an error of its own or,
+  worse, into another run than the one asked for;
 * an app's ``checks`` (``omnibert-prepare``'s ranges) run on that composed config, so such
   errors appear in about a second instead of after the seconds torch, Lightning and the
   data libraries take to import (the other apps' ranges and data paths are checked first
@@ -27,6 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from omnibert.apps.choices import check_choices
 from omnibert.errors import UserError, exit_on
 from omnibert.paths import check_writable_dir, check_writable_file, note_hydra_dir
 
@@ -84,6 +88,7 @@ def check_command_line(
         return None
     if args.config_path or args.config_dir or args.experimental_rerun:
         return None  # another config than the packaged one: Hydra reports its own problems
+    check_choices(config_name, args.overrides, multirun=bool(args.multirun))
     overrides = _single_run(args.overrides)
     if overrides is None:
         return None

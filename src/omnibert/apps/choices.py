@@ -1,0 +1,121 @@
+"""Which app a command line's ``experiment=`` and ``task=`` choices belong to, checked before
+Hydra composes them (:func:`check_choices`, called by the console scripts' preflight).
+
+``omnibert-train`` and ``omnibert-finetune`` share the ``experiment`` and ``task`` groups.
+Composed by the other app, a choice fails inside Hydra (``omnibert-finetune
+experiment=smoke``: "Could not override 'model'"; ``task=pretraining``: a traceback on the run
+directory's ``${task.name}``) or, worse, runs something else: ``experiment=glue`` without
+``-m`` ignores its sweep and fine-tunes the default task. Each is one sentence here, with the
+command that does what was asked. An experiment is a fine-tuning one when it overrides
+``task`` with a fine-tuning task or sweeps ``task`` (read from its YAML file, without
+composing); a sweep experiment is one whose file sets ``hydra.sweeper.params``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+
+from omnibert.apps.compose import CONFIG_MODULE, group_options
+from omnibert.errors import UserError
+
+__all__ = ["AppChoiceError", "check_choices", "experiment_app", "group_choices", "sweeps"]
+
+#: each app's config name → its console script
+APPS = {"pretrain": "omnibert-train", "finetune": "omnibert-finetune"}
+#: the task omnibert-train runs; every other ``task`` option is a fine-tuning task
+PRETRAINING_TASK = "pretraining"
+
+
+class AppChoiceError(UserError):
+    """A group option of the other app, or a sweep experiment run without ``-m``."""
+
+
+def group_choices(argv: Sequence[str], group: str) -> list[str]:
+    """Every option the overrides ``argv`` choose for ``group`` (``task=mrpc``, each value of
+    a sweep ``task=mrpc,rte``, ``+task=...``); empty when none does or the overrides do not
+    parse (Hydra reports that itself)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(argv))
+        return [
+            str(value)
+            for o in parsed
+            if o.get_key_element().lstrip("+~") == group
+            for value in (o.sweep_string_iterator() if o.is_sweep_override() else [o.value()])
+        ]
+    except Exception:  # grammar errors, interval/glob sweeps: Hydra handles them
+        return []
+
+
+@cache
+def _experiment(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    path = resources.files(CONFIG_MODULE).joinpath("experiment", f"{name}.yaml")
+    if not path.is_file():
+        return {}
+    node = OmegaConf.to_container(OmegaConf.create(path.read_text(encoding="utf-8")))
+    return node if isinstance(node, dict) else {}
+
+
+def _task_override(node: dict) -> str | None:
+    for entry in node.get("defaults") or []:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if str(key).split()[-1].strip("/") == "task":
+                    return str(value)
+    return None
+
+
+def sweeps(name: str) -> bool:
+    """Whether experiment ``name`` is a sweep (its file sets ``hydra.sweeper.params``)."""
+    return bool(((_experiment(name).get("hydra") or {}).get("sweeper") or {}).get("params"))
+
+
+def experiment_app(name: str) -> str:
+    """The console script experiment ``name`` is for: ``omnibert-finetune`` when it chooses
+    or sweeps a fine-tuning task, else ``omnibert-train``."""
+    node = _experiment(name)
+    swept = ((node.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    task = _task_override(node)
+    if (task is not None and task != PRETRAINING_TASK) or "task" in swept:
+        return APPS["finetune"]
+    return APPS["pretrain"]
+
+
+def _experiments_of(app: str) -> str:
+    return ", ".join(e for e in group_options("experiment") if experiment_app(e) == app)
+
+
+def check_choices(config_name: str, argv: Sequence[str], multirun: bool) -> None:
+    """:class:`AppChoiceError` for an ``experiment=`` of the other app, a sweep experiment
+    without ``-m`` and ``omnibert-finetune task=pretraining`` (``omnibert-train`` refuses a
+    fine-tuning task itself, after composing: that composes)."""
+    app = APPS.get(config_name)
+    if app is None:
+        return
+    options = set(group_options("experiment"))
+    for name in group_choices(argv, "experiment"):
+        if name not in options:
+            continue  # the unknown-option sentence of the preflight names the options
+        owner = experiment_app(name)
+        if owner != app:
+            sweep = " -m" if sweeps(name) else ""
+            raise AppChoiceError(
+                f"experiment={name} is an {owner} experiment; run {owner}{sweep} "
+                f"experiment={name} ({app} takes experiment={{{_experiments_of(app)}}})."
+            )
+        if sweeps(name) and not multirun:
+            raise AppChoiceError(
+                f"experiment={name} is a sweep (its file sets hydra.sweeper.params); run it "
+                f"with -m: {app} -m experiment={name} ..."
+            )
+    if app == APPS["finetune"] and PRETRAINING_TASK in group_choices(argv, "task"):
+        tasks = ", ".join(t for t in group_options("task") if t != PRETRAINING_TASK)
+        raise AppChoiceError(
+            f"task={PRETRAINING_TASK} is omnibert-train's task; pretrain with omnibert-train, "
+            f"or fine-tune one of {tasks} (task=<name>)."
+        )
