@@ -70,3 +70,38 @@ def test_the_console_scripts_preflight_refuses_before_composing(tmp_path):
         check_command_line("finetune", ("paths.output_root",),
                            ["experiment=smoke", f"paths.output_root={tmp_path}"])  # fmt: skip
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-m", "experiment=glue", "--cfg", "job"], "-m and --cfg cannot be combined"),
+        (["-m", "--info", "config", "task=mrpc"], "-m and --info cannot be combined"),
+    ],
+)  # fmt: skip
+def test_hydras_exclusive_modes_are_one_sentence(argv, expected):
+    """Hydra raised its own ValueError (with a traceback) for these."""
+    from omnibert.apps.preflight import ConfigKeyError
+
+    with pytest.raises(ConfigKeyError) as refused:
+        check_command_line("finetune", ("paths.output_root",), argv)
+    assert str(refused.value) == (
+        f"{expected} (Hydra takes one of them); keep one: -m runs the sweep, --cfg prints the "
+        "config, --info prints Hydra's information."
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["experiment=smoke", "--help"], True),  # Hydra's help composed it and failed
+        (["experiment=glue", "--help"], False),  # nothing runs: a sweep may be shown
+        (["experiment=glue", "--cfg", "job"], False),
+    ],
+)  # fmt: skip
+def test_help_and_cfg_check_the_app_but_show_a_sweep(argv, refused):
+    if refused:
+        with pytest.raises(AppChoiceError):
+            check_command_line("finetune", ("paths.output_root",), argv)
+    else:
+        assert check_command_line("finetune", ("paths.output_root",), argv) is None

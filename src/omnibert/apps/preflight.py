@@ -84,11 +84,21 @@ def check_command_line(
     (a :class:`UserError` only: anything else is left for the app to report). Returns the
     composed config of a run that will write, else None."""
     args = _parse(argv)
-    if args is None or args.help or args.hydra_help or args.info or args.shell_completion:
-        return None
-    if args.config_path or args.config_dir or args.experimental_rerun:
+    if args is None or args.config_path or args.config_dir or args.experimental_rerun:
         return None  # another config than the packaged one: Hydra reports its own problems
-    check_choices(config_name, args.overrides, multirun=bool(args.multirun))
+    modes = [flag for flag, on in (("-m", args.multirun), ("--cfg", args.cfg),
+                                   ("--info", args.info)) if on]  # fmt: skip
+    if len(modes) > 1:  # Hydra's own ValueError, with its traceback
+        raise ConfigKeyError(
+            f"{' and '.join(modes)} cannot be combined (Hydra takes one of them); keep one: "
+            "-m runs the sweep, --cfg prints the config, --info prints Hydra's information."
+        )
+    # the help composes the config too: another app's experiment fails inside it
+    helping = bool(args.help or args.hydra_help or args.info or args.shell_completion)
+    printing = helping or bool(args.cfg)  # nothing runs: a sweep experiment may be shown
+    check_choices(config_name, args.overrides, multirun=bool(args.multirun) or printing)
+    if helping:
+        return None
     overrides = _single_run(args.overrides)
     if overrides is None:
         return None
