@@ -1,6 +1,7 @@
-"""A Lightning key of ``trainer`` that the app sets itself is refused, never overridden in
-silence: the loop counts the batch plan derives, the sections that build callbacks and
-loggers, and the hardware keys the accelerator plugin passes."""
+"""A key the run would not apply is refused, never dropped in silence: a Lightning key of
+``trainer`` that the app sets itself (the loop counts the batch plan derives, the sections
+that build callbacks and loggers, the hardware keys the accelerator plugin passes), and an
+architecture field added with ``+model.config.<key>`` that the model does not have."""
 
 from __future__ import annotations
 
@@ -79,3 +80,22 @@ def test_fine_tuning_keeps_a_trainer_limit_it_reads(tmp_path) -> None:
     cfg = compose("finetune", ["task=mrpc", f"paths.output_root={tmp_path}",
                                "+trainer.limit_train_batches=3"])  # fmt: skip
     assert FinetuneConfig.of(cfg).trainer.node["limit_train_batches"] == 3
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+model.config.num_hidden_layer=1",
+         "model.config.num_hidden_layer is not a field of the architecture "
+         "(omnibert.models.BertConfig); did you mean model.config.num_hidden_layers"),
+        ("+model.config.foo=1",
+         "model.config.foo is not a field of the architecture (omnibert.models.BertConfig); "
+         "remove model.config.foo."),
+    ],
+)  # fmt: skip
+def test_an_architecture_field_the_model_lacks_is_refused(override, expected, tmp_path) -> None:
+    """It ended in a TypeError traceback from BertConfig when the model was built."""
+    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig.of(cfg)
+    assert str(refused.value).startswith(expected)

@@ -6,6 +6,7 @@ with the key's path in the message) and the typed value the run reads (ranges ch
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,19 @@ class Model(InitialWeights):
         plain = {k: v for k, v in values.items() if k != "config"}
         model = section(cls, plain, "model")
         model.config = dict(values.get("config") or {})
+        known = [f.name for f in dataclasses.fields(BertConfig)]
+        for key in model.config:
+            if key not in known:  # added with +model.config.<key>=...
+                close = difflib.get_close_matches(str(key), known, n=2)
+                hint = (
+                    f"did you mean {' or '.join(f'model.config.{c}' for c in close)}? "
+                    if close
+                    else ""
+                )
+                raise ConfigError(
+                    f"model.config.{key} is not a field of the architecture "
+                    f"(omnibert.models.BertConfig); {hint}remove model.config.{key}."
+                )
         return model
 
     def bert(self, vocab_size: int) -> BertConfig:
