@@ -105,3 +105,16 @@ def test_help_and_cfg_check_the_app_but_show_a_sweep(argv, refused):
             check_command_line("finetune", ("paths.output_root",), argv)
     else:
         assert check_command_line("finetune", ("paths.output_root",), argv) is None
+
+
+def test_a_task_setting_the_recipe_lacks_is_refused():
+    """A fine-tuning task keeps any key in its recipe (``**settings``), where nothing read
+    ``+task.doc_stride=64`` of MRPC (a SQuAD setting)."""
+    with pytest.raises(AppChoiceError) as refused:
+        check_choices("finetune", ["task=mrpc", "+task.doc_stride=64"], False)
+    assert str(refused.value) == (
+        "task.doc_stride is not a setting of task=mrpc (its recipe has batch_size, data, epochs, "
+        "eval_batch_size, lr, max_seq_length, name, num_labels, warmup_proportion); nothing would "
+        "read it: remove +task.doc_stride."
+    )
+    check_choices("finetune", ["task=squad", "task.doc_stride=64"], False)  # its own, set

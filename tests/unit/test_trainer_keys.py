@@ -99,3 +99,34 @@ def test_an_architecture_field_the_model_lacks_is_refused(override, expected, tm
     with pytest.raises(ConfigError) as refused:
         TrainConfig.of(cfg)
     assert str(refused.value).startswith(expected)
+
+
+@pytest.mark.parametrize("app", ["pretrain", "finetune"])
+def test_a_top_level_key_nothing_reads_is_refused(app, tmp_path) -> None:
+    """``+foo=1`` was composed in and read by nothing."""
+    argv = ["experiment=smoke"] if app == "pretrain" else ["task=mrpc"]
+    cfg = compose(app, [*argv, f"paths.output_root={tmp_path}", "+foo=1"])
+    with pytest.raises(ConfigError, match=r"^foo is not a key of the config; remove \+foo\.$"):
+        (TrainConfig if app == "pretrain" else FinetuneConfig).of(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+task.foo=1", "task.foo is not a setting of omnibert.tasks.PretrainingTask (it takes "),
+        ("+schedule.foo=1", "schedule.foo is not a setting of omnibert.optim.schedules.PolyWarmupLR"),
+        ("+optimizer.foo=1", "optimizer.foo is not a setting of omnibert.optim.Lamb (it takes "),
+    ],
+)  # fmt: skip
+def test_a_key_its_target_does_not_take_is_refused_before_building(override, expected, tmp_path):
+    """A target without ``**kwargs`` would end the run in a TypeError traceback
+    (``+task.foo=1`` did, when the task was built)."""
+    from omnibert.run.pipeline.target_types import TargetTypeError, check_target_types
+
+    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
+    config = TrainConfig.of(cfg)
+    with pytest.raises(TargetTypeError) as refused:
+        check_target_types(config.target_nodes())
+    assert str(refused.value).startswith(expected)
+    key = override.split("=")[0].lstrip("+")
+    assert str(refused.value).endswith(f"; remove {key}.")

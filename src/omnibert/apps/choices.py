@@ -13,6 +13,7 @@ composing); a sweep experiment is one whose file sets ``hydra.sweeper.params``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -113,9 +114,49 @@ def check_choices(config_name: str, argv: Sequence[str], multirun: bool) -> None
                 f"experiment={name} is a sweep (its file sets hydra.sweeper.params); run it "
                 f"with -m: {app} -m experiment={name} ..."
             )
+    if app == APPS["finetune"]:
+        _refuse_added_task_keys(argv)
     if app == APPS["finetune"] and PRETRAINING_TASK in group_choices(argv, "task"):
         tasks = ", ".join(t for t in group_options("task") if t != PRETRAINING_TASK)
         raise AppChoiceError(
             f"task={PRETRAINING_TASK} is omnibert-train's task; pretrain with omnibert-train, "
             f"or fine-tune one of {tasks} (task=<name>)."
         )
+
+
+def _refuse_added_task_keys(argv: Sequence[str]) -> None:
+    """``+task.<key>=...`` that the chosen task's recipe does not have: a fine-tuning task
+    keeps any key in its recipe (its ``**settings``), where nothing reads it."""
+    added = [a for a in argv if re.match(r"^\+\+?task\.", a) and "=" in a]
+    if not added:
+        return
+    from omegaconf import OmegaConf
+
+    from omnibert.apps.compose import compose
+
+    rest = [a for a in argv if a not in added and not a.startswith("-")]
+    try:
+        base = compose("finetune", [_first(a) for a in rest])
+    except Exception:  # a composition problem of its own: the preflight reports it
+        return
+    for arg in added:
+        key = arg.split("=", 1)[0].lstrip("+")
+        if OmegaConf.select(base, key, default=_ABSENT) is _ABSENT:
+            name = OmegaConf.select(base, "task.name")
+            keys = ", ".join(sorted(k for k in base.task if not str(k).startswith("_")))
+            raise AppChoiceError(
+                f"{key} is not a setting of task={name} (its recipe has {keys}); nothing would "
+                f"read it: remove +{key}."
+            )
+
+
+#: what OmegaConf.select answers for a key the config does not have
+_ABSENT = object()
+
+
+def _first(override: str) -> str:
+    """A sweep override reduced to its first value (``task=mrpc,rte`` → ``task=mrpc``)."""
+    key, sep, value = override.partition("=")
+    if not sep or "," not in value or value.startswith(("[", "{", "'", '"')):
+        return override
+    return f"{key}={value.split(',')[0]}"

@@ -33,6 +33,7 @@ from omnibert.config.sections import (
     TargetNode,
     TrainerSection,
     at_least,
+    refuse_unknown_keys,
     section,
     shared_sections,
 )
@@ -161,6 +162,7 @@ class FinetuneConfig(JobSections):
     def of(cls, cfg: DictConfig, error: type[UserError] = ConfigError) -> FinetuneConfig:
         """Resolve ``cfg`` (a problem is one ``error`` sentence) and check every range."""
         c = resolve(cfg, EXAMPLE, error, missing_first=False)
+        refuse_unknown_keys(c, cls)
         config = cls(
             data=section(FinetuneData, c["data"], "data"),
             model=section(InitialWeights, c["model"], "model"),

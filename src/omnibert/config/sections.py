@@ -44,6 +44,7 @@ __all__ = [
     "next_sentence_objective",
     "objective_name",
     "positive_int",
+    "refuse_unknown_keys",
     "section",
     "shared_sections",
 ]
@@ -397,6 +398,15 @@ def next_sentence_objective(model_config: Any) -> bool:
 def objective_name(next_sentence: bool) -> str:
     """The objective as the plan, the summary and omnibert-eval's report name it."""
     return "MLM + next-sentence" if next_sentence else "MLM only"
+
+
+def refuse_unknown_keys(c: Mapping[str, Any], cls: type) -> None:
+    """A top-level key of the resolved config ``c`` that ``cls`` (the job's config class)
+    does not have: added with ``+key=...``, it would be read by nothing."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    for key in c:
+        if key not in known:
+            raise ConfigError(f"{key} is not a key of the config; remove +{key}.")
 
 
 def shared_sections(c: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from omnibert.config.sections import (
     TrainerSection,
     at_least,
     positive_int,
+    refuse_unknown_keys,
     section,
     shared_sections,
 )
@@ -112,6 +113,7 @@ class TrainConfig(JobSections):
         sentence) and check every range. ``command_line``: the overrides (``key=value``) the
         config was composed with; None: Hydra's, when a Hydra app runs."""
         c = resolve(cfg, EXAMPLE, TrainConfigError)
+        refuse_unknown_keys(c, cls)
         task = c.get("task") or {}
         config = cls(
             model=Model.of(c["model"]),

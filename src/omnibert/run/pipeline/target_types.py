@@ -4,8 +4,9 @@ built: ``trainer.max_epochs=abc`` or ``optimizer.lr=abc`` is one sentence naming
 not an error from deep inside a constructor after the data was opened.
 
 Only plain annotations are checked (``int``, ``float``, ``bool`` and ``Optional``/unions of
-them); a value of null, a key the signature does not name and a target that cannot be
-imported are left to the constructor, which reports them itself.
+them); a value of null and a target that cannot be imported are left to the constructor,
+which reports them itself. A key the signature does not name (added with ``+``) is refused
+where the target takes no ``**kwargs``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def check_target_types(nodes: Iterable[Node], origins: Mapping[str, str] | None 
     for root in nodes:
         for path, node in _target_nodes(root, root.path):
             hints = _hints(str(node["_target_"]))
+            _refuse_unnamed(path, node)
             for key, value in node.items():
                 if key.startswith("_") or value is None or key not in hints:
                     continue
@@ -50,6 +52,36 @@ def check_target_types(nodes: Iterable[Node], origins: Mapping[str, str] | None 
                         f"{typed}={value!r} is not {expected} ({sets}{node['_target_']} takes "
                         f"{key} as {expected}); fix {typed}."
                     )
+
+
+def _refuse_unnamed(path: str, node: Mapping[str, Any]) -> None:
+    """A key (added with ``+``) that a target taking no ``**kwargs`` does not name: its
+    constructor would end the run in a ``TypeError`` traceback."""
+    names = _parameter_names(str(node["_target_"]))
+    for key in node:
+        if names is not None and not key.startswith("_") and key not in names:
+            where = f"{path}.{key}" if path else key
+            taken = ", ".join(sorted(n for n in names if n not in ("self", "args", "kwargs")))
+            raise TargetTypeError(
+                f"{where} is not a setting of {node['_target_']} (it takes {taken}); remove "
+                f"{where}."
+            )
+
+
+def _parameter_names(target: str) -> set[str] | None:
+    """The keyword names ``target`` takes; None when it takes any (``**kwargs`` at the end
+    of its initialisers) or cannot be imported (left to it)."""
+    try:
+        from hydra.utils import get_object
+
+        obj = get_object(target)
+        functions = _initialisers(obj) if inspect.isclass(obj) else [obj]
+        parameters = [p for f in functions for p in inspect.signature(f).parameters.values()]
+    except Exception:
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None  # where **kwargs go (a base class, a data source, a recipe) is its own
+    return {p.name for p in parameters}
 
 
 def _target_nodes(node: Any, path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
