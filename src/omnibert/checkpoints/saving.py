@@ -95,8 +95,7 @@ class PretrainingCheckpoint(ModelCheckpoint):
             kwargs.setdefault("mode", "max")
         kwargs["save_top_k"] = settings.save_top_k
         kwargs["enable_version_counter"] = False  # one name, one file: last.ckpt is the newest
-        filename = kwargs.get("filename")
-        if filename is not None and "{" not in str(filename) and kwargs.get("every_n_train_steps"):
+        if _fixed_name(kwargs.get("filename")) and kwargs.get("every_n_train_steps"):
             kwargs["save_last"] = True  # the file of the end: periodic saves go to last.ckpt
         super().__init__(*args, **kwargs)
         self.keep_last = settings.keep_last
@@ -142,7 +141,7 @@ class PretrainingCheckpoint(ModelCheckpoint):
         and a stop's save write ``last.ckpt`` (turned on with ``every_n_train_steps``), the
         state to resume from, so a run that ended early never leaves a ``final.ckpt`` that
         ``omnibert-predict`` would take for the finished model."""
-        return self.filename is not None and "{" not in str(self.filename)
+        return _fixed_name(self.filename)
 
     @property
     def keeps_fewer_possible(self) -> bool:
@@ -419,3 +418,9 @@ def save_now(trainer: pl.Trainer) -> str | None:
         ) from None
     checkpointing.last_model_path = str(path)
     return str(path)
+
+
+def _fixed_name(filename: Any) -> bool:
+    """A checkpoint ``filename`` without a ``{...}`` field: one file, written at the end
+    (:attr:`PretrainingCheckpoint.written_at_end_only`)."""
+    return filename is not None and "{" not in str(filename)
