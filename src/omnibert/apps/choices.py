@@ -9,6 +9,10 @@ directory's ``${task.name}``) or, worse, runs something else: ``experiment=glue`
 command that does what was asked. An experiment is a fine-tuning one when it overrides
 ``task`` with a fine-tuning task or sweeps ``task`` (read from its YAML file, without
 composing); a sweep experiment is one whose file sets ``hydra.sweeper.params``.
+
+The command line is read with Hydra's own override parser: :func:`group_choices` (every
+option a group is given, sweeps included) and :func:`single_run` (each sweep at its first
+value: the run the preflight composes, :mod:`omnibert.apps.preflight`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from importlib import resources
 from omnibert.apps.compose import CONFIG_MODULE, group_options
 from omnibert.errors import UserError
 
-__all__ = ["AppChoiceError", "check_choices", "experiment_app", "group_choices", "sweeps"]
+__all__ = [
+    "AppChoiceError",
+    "check_choices",
+    "experiment_app",
+    "group_choices",
+    "single_run",
+    "sweeps",
+]
 
 #: each app's config name → its console script
 APPS = {"pretrain": "omnibert-train", "finetune": "omnibert-finetune"}
@@ -51,6 +62,22 @@ def group_choices(argv: Sequence[str], group: str) -> list[str]:
         return []
 
 
+def single_run(overrides: Sequence[str]) -> list[str] | None:
+    """The overrides with each sweep reduced to its first value (None: cannot reduce)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return [
+            f"{o.get_key_element()}={next(o.sweep_string_iterator())}"
+            if o.is_sweep_override()
+            else str(o.input_line)
+            for o in parsed
+        ]
+    except Exception:  # grammar errors, interval/glob sweeps: Hydra handles them
+        return None
+
+
 @cache
 def _experiment(name: str) -> dict:
     from omegaconf import OmegaConf
@@ -71,18 +98,21 @@ def _task_override(node: dict) -> str | None:
     return None
 
 
+def _swept(name: str) -> dict:
+    """Experiment ``name``'s ``hydra.sweeper.params`` (empty: not a sweep)."""
+    return ((_experiment(name).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+
+
 def sweeps(name: str) -> bool:
     """Whether experiment ``name`` is a sweep (its file sets ``hydra.sweeper.params``)."""
-    return bool(((_experiment(name).get("hydra") or {}).get("sweeper") or {}).get("params"))
+    return bool(_swept(name))
 
 
 def experiment_app(name: str) -> str:
     """The console script experiment ``name`` is for: ``omnibert-finetune`` when it chooses
     or sweeps a fine-tuning task, else ``omnibert-train``."""
-    node = _experiment(name)
-    swept = ((node.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    task = _task_override(node)
-    if (task is not None and task != PRETRAINING_TASK) or "task" in swept:
+    task = _task_override(_experiment(name))
+    if (task is not None and task != PRETRAINING_TASK) or "task" in _swept(name):
         return APPS["finetune"]
     return APPS["pretrain"]
 
@@ -134,9 +164,11 @@ def _refuse_added_task_keys(argv: Sequence[str]) -> None:
 
     from omnibert.apps.compose import compose
 
-    rest = [a for a in argv if a not in added and not a.startswith("-")]
+    reduced = single_run([a for a in argv if a not in added])
+    if reduced is None:
+        return
     try:
-        base = compose("finetune", [_first(a) for a in rest])
+        base = compose("finetune", reduced)
     except Exception:  # a composition problem of its own: the preflight reports it
         return
     for arg in added:
@@ -152,11 +184,3 @@ def _refuse_added_task_keys(argv: Sequence[str]) -> None:
 
 #: what OmegaConf.select answers for a key the config does not have
 _ABSENT = object()
-
-
-def _first(override: str) -> str:
-    """A sweep override reduced to its first value (``task=mrpc,rte`` → ``task=mrpc``)."""
-    key, sep, value = override.partition("=")
-    if not sep or "," not in value or value.startswith(("[", "{", "'", '"')):
-        return override
-    return f"{key}={value.split(',')[0]}"

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from omnibert.apps.choices import check_choices
+from omnibert.apps.choices import check_choices, single_run
 from omnibert.errors import UserError, exit_on
 from omnibert.paths import check_writable_dir, check_writable_file, note_hydra_dir
 
@@ -99,7 +99,7 @@ def check_command_line(
     check_choices(config_name, args.overrides, multirun=bool(args.multirun) or printing)
     if helping:
         return None
-    overrides = _single_run(args.overrides)
+    overrides = single_run(args.overrides)
     if overrides is None:
         return None
     cfg = _compose(args.config_name or config_name, overrides)
@@ -150,22 +150,6 @@ def _parse(argv: Sequence[str]) -> Any:
     try:
         return get_args_parser().parse_args(list(argv))
     except SystemExit:  # argparse's own error: Hydra prints it
-        return None
-
-
-def _single_run(overrides: Sequence[str]) -> list[str] | None:
-    """The overrides with each sweep reduced to its first value (None: cannot reduce)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        return [
-            f"{o.get_key_element()}={next(o.sweep_string_iterator())}"
-            if o.is_sweep_override()
-            else str(o.input_line)
-            for o in parsed
-        ]
-    except Exception:  # grammar errors, interval/glob sweeps: Hydra handles them
         return None
 
 
