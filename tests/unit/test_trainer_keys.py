@@ -11,6 +11,25 @@ from omnibert.apps.compose import compose
 from omnibert.config import FinetuneConfig, TrainConfig
 from omnibert.config.sections import ConfigError
 
+#: each app's config, the smallest command line it composes with and its config class
+APPS = {
+    "pretrain": (["experiment=smoke"], TrainConfig),
+    "finetune": (["task=mrpc"], FinetuneConfig),
+}
+
+
+def _config(app: str, tmp_path, *overrides: str):
+    """The app's typed config of its smallest command line plus ``overrides``."""
+    argv, config_class = APPS[app]
+    return config_class.of(compose(app, [*argv, f"paths.output_root={tmp_path}", *overrides]))
+
+
+def _refusal(app: str, tmp_path, override: str) -> str:
+    """The sentence the app's typed config refuses ``override`` with."""
+    with pytest.raises(ConfigError) as refused:
+        _config(app, tmp_path, override)
+    return str(refused.value)
+
 
 @pytest.mark.parametrize(
     ("override", "expected"),
@@ -36,17 +55,12 @@ from omnibert.config.sections import ConfigError
     ],
 )  # fmt: skip
 def test_pretraining_refuses_trainer_keys_it_derives(override, expected, tmp_path) -> None:
-    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
-    with pytest.raises(ConfigError) as refused:
-        TrainConfig.of(cfg)
-    assert str(refused.value) == expected
+    assert _refusal("pretrain", tmp_path, override) == expected
 
 
 def test_the_advice_followed_is_applied(tmp_path) -> None:
     """``accelerator.strategy`` (what the refusal names) reaches the trainer node."""
-    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}",
-                               "accelerator.strategy=ddp"])  # fmt: skip
-    config = TrainConfig.of(cfg)
+    config = _config("pretrain", tmp_path, "accelerator.strategy=ddp")
     assert config.trainer.node["strategy"] == config.accelerator.node["strategy"] == "ddp"
 
 
@@ -68,18 +82,14 @@ def test_the_advice_followed_is_applied(tmp_path) -> None:
     ],
 )  # fmt: skip
 def test_fine_tuning_refuses_trainer_keys_it_derives(override, expected, tmp_path) -> None:
-    cfg = compose("finetune", ["task=mrpc", f"paths.output_root={tmp_path}", override])
-    with pytest.raises(ConfigError) as refused:
-        FinetuneConfig.of(cfg)
-    assert str(refused.value) == expected
+    assert _refusal("finetune", tmp_path, override) == expected
 
 
 def test_fine_tuning_keeps_a_trainer_limit_it_reads(tmp_path) -> None:
     """``trainer.limit_train_batches`` is Lightning's and fine-tuning's sampler follows it
     (data/finetuning.lightning_epoch_cap): accepted as set."""
-    cfg = compose("finetune", ["task=mrpc", f"paths.output_root={tmp_path}",
-                               "+trainer.limit_train_batches=3"])  # fmt: skip
-    assert FinetuneConfig.of(cfg).trainer.node["limit_train_batches"] == 3
+    config = _config("finetune", tmp_path, "+trainer.limit_train_batches=3")
+    assert config.trainer.node["limit_train_batches"] == 3
 
 
 @pytest.mark.parametrize(
@@ -95,19 +105,13 @@ def test_fine_tuning_keeps_a_trainer_limit_it_reads(tmp_path) -> None:
 )  # fmt: skip
 def test_an_architecture_field_the_model_lacks_is_refused(override, expected, tmp_path) -> None:
     """It ended in a TypeError traceback from BertConfig when the model was built."""
-    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
-    with pytest.raises(ConfigError) as refused:
-        TrainConfig.of(cfg)
-    assert str(refused.value).startswith(expected)
+    assert _refusal("pretrain", tmp_path, override).startswith(expected)
 
 
 @pytest.mark.parametrize("app", ["pretrain", "finetune"])
 def test_a_top_level_key_nothing_reads_is_refused(app, tmp_path) -> None:
     """``+foo=1`` was composed in and read by nothing."""
-    argv = ["experiment=smoke"] if app == "pretrain" else ["task=mrpc"]
-    cfg = compose(app, [*argv, f"paths.output_root={tmp_path}", "+foo=1"])
-    with pytest.raises(ConfigError, match=r"^foo is not a key of the config; remove \+foo\.$"):
-        (TrainConfig if app == "pretrain" else FinetuneConfig).of(cfg)
+    assert _refusal(app, tmp_path, "+foo=1") == "foo is not a key of the config; remove +foo."
 
 
 @pytest.mark.parametrize(
@@ -123,8 +127,7 @@ def test_a_key_its_target_does_not_take_is_refused_before_building(override, exp
     (``+task.foo=1`` did, when the task was built)."""
     from omnibert.run.pipeline.target_types import TargetTypeError, check_target_types
 
-    cfg = compose("pretrain", ["experiment=smoke", f"paths.output_root={tmp_path}", override])
-    config = TrainConfig.of(cfg)
+    config = _config("pretrain", tmp_path, override)
     with pytest.raises(TargetTypeError) as refused:
         check_target_types(config.target_nodes())
     assert str(refused.value).startswith(expected)
